@@ -1,0 +1,96 @@
+"""The FastAPI application: wiring, lifespan, and the one exception handler."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.metrics import REQUESTS_REJECTED
+from api.publish import Publisher
+from api.routes import health, jobs, models
+from api.schemas import json_response
+from api.state import AppState, SignatureCache
+from api.waiter import CompletionWaiter
+from db.engine import make_engine, make_sessionmaker, readonly
+from tffleet import __version__
+from tffleet.errors import InvalidInput, ServiceUnavailable, TffleetError
+from tffleet.settings import Settings, get_settings
+from worker.app import make_celery
+
+log = logging.getLogger(__name__)
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    REQUESTS_REJECTED.labels(code=code).inc()
+    return json_response({"error": {"code": code, "message": message}}, status)
+
+
+async def _on_tffleet_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, TffleetError)
+    return _error(exc.status_code, exc.code, exc.message)
+
+
+async def _on_request_validation(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    message = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+    return _error(422, InvalidInput.code, message)
+
+
+async def _on_http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    return _error(exc.status_code, "http_error", str(exc.detail))
+
+
+async def _on_database_error(_: Request, exc: Exception) -> Response:
+    if isinstance(exc, OperationalError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    ):
+        log.warning("database unreachable: %s", exc)
+        return _error(503, ServiceUnavailable.code, "database unreachable; try again")
+    raise exc
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.database_url)
+        sessions = make_sessionmaker(engine)
+        state = AppState(
+            settings=settings,
+            engine=engine,
+            sessions=sessions,
+            reads=make_sessionmaker(readonly(engine)),
+            publisher=Publisher(make_celery(settings)),
+            waiter=CompletionWaiter(settings.broker_url),
+            signatures=SignatureCache(sessions),
+        )
+        await state.waiter.start()
+        app.state.tffleet = state
+        try:
+            yield
+        finally:
+            await state.waiter.stop()
+            engine.dispose()
+
+    app = FastAPI(
+        title="tffleet",
+        version=__version__,
+        description="Asynchronous inference jobs on TensorFlow models.",
+        lifespan=lifespan,
+    )
+    app.include_router(jobs.router)
+    app.include_router(models.router)
+    app.include_router(health.router)
+    app.add_exception_handler(TffleetError, _on_tffleet_error)
+    app.add_exception_handler(RequestValidationError, _on_request_validation)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(DBAPIError, _on_database_error)
+    return app

@@ -1,0 +1,51 @@
+"""Liveness, readiness and metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.concurrency import run_in_threadpool
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from api.schemas import json_response
+from api.state import StateDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> Response:
+    """The process is up."""
+    return json_response({"status": "ok"})
+
+
+@router.get("/readyz")
+async def readyz(state: StateDep) -> Response:
+    """The database and the broker are reachable."""
+
+    def check() -> dict[str, str]:
+        checks = {}
+        try:
+            with state.reads() as session:
+                session.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception as exc:
+            checks["database"] = f"unreachable: {type(exc).__name__}"
+        try:
+            state.publisher.ping()
+            checks["broker"] = "ok"
+        except Exception as exc:
+            checks["broker"] = f"unreachable: {type(exc).__name__}"
+        return checks
+
+    checks = await run_in_threadpool(check)
+    ready = all(v == "ok" for v in checks.values())
+    return json_response(
+        {"status": "ok" if ready else "unavailable", **checks}, 200 if ready else 503
+    )
+
+
+@router.get("/metrics")
+async def metrics() -> Response:
+    """Prometheus metrics of this API process."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,112 @@
+"""Data shapes: `JobCreate` comes in, `JobOut` goes out (a `Job` row is the database's)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import orjson
+from fastapi import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from db.models import Job, JobStatus
+from tffleet import tensors
+
+Tensor = list[Any] | dict[str, Any]
+
+
+class JobCreate(BaseModel):
+    """A job as submitted: which model, and its inputs by name (or one bare tensor)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    version: int | None = Field(default=None, ge=1)
+    inputs: dict[str, Any] | list[Any]
+    priority: int = Field(default=0, ge=-1000, le=1000)
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class JobOut(BaseModel):
+    """A job as the API shows it."""
+
+    id: str
+    model: str
+    version: int
+    status: JobStatus
+    priority: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempts: int
+    error: JobError | None
+    outputs: dict[str, Tensor] | None
+    worker: str | None = Field(default=None, description="The worker child that ran it last.")
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+    next_cursor: str | None
+
+
+class TensorSpecOut(BaseModel):
+    dtype: str
+    shape: list[int] | None
+
+
+class ModelOut(BaseModel):
+    name: str
+    version: int
+    format: str
+    inputs: dict[str, TensorSpecOut]
+    outputs: dict[str, TensorSpecOut]
+    config: dict[str, Any]
+    registered_at: datetime = Field(
+        description="When a worker last loaded it (or it was registered)."
+    )
+
+
+class ModelList(BaseModel):
+    models: list[ModelOut]
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+def job_out(job: Job, *, encoding: str = "json", with_outputs: bool = True) -> dict[str, Any]:
+    """The JSON form of a job row. Built by hand: this is the hottest path of a poll."""
+    outputs = None
+    if with_outputs and job.status == JobStatus.SUCCEEDED.value and job.outputs is not None:
+        outputs = {
+            name: tensors.encode(array, encoding=encoding)
+            for name, array in tensors.unpack(job.outputs).items()
+        }
+    return {
+        "id": job.id,
+        "model": job.model,
+        "version": job.version,
+        "status": job.status,
+        "priority": job.priority,
+        "created_at": _iso(job.created_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+        "attempts": job.attempts,
+        "error": (
+            {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None
+        ),
+        "outputs": outputs,
+        "worker": job.worker,
+    }
+
+
+def json_response(content: Any, status_code: int = 200) -> Response:
+    return Response(
+        orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status_code,
+        media_type="application/json",
+    )

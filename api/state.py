@@ -1,0 +1,58 @@
+"""What the API process holds for its life: database, broker, completion waiter, signature cache."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.publish import Publisher
+from api.waiter import CompletionWaiter
+from db import registry
+from db.models import ModelVersion
+from tffleet.settings import Settings
+
+
+@dataclass
+class SignatureCache:
+    """Registered signatures, re-read at most every `ttl_s`: submit is the hot path."""
+
+    sessions: sessionmaker[Session]
+    ttl_s: float = 5.0
+    _entries: dict[tuple[str, int | None], tuple[float, dict[str, Any]]] = field(
+        default_factory=dict
+    )
+
+    def resolve(self, name: str, version: int | None) -> dict[str, Any]:
+        key = (name, version)
+        hit = self._entries.get(key)
+        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+            return hit[1]
+        with self.sessions() as session:
+            found: ModelVersion = registry.resolve(session=session, name=name, version=version)
+            entry = {"name": found.name, "version": found.version, "inputs": found.inputs}
+        self._entries[key] = (time.monotonic(), entry)
+        return entry
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]  # writes
+    reads: sessionmaker[Session]  # reads (a shared transaction on SQLite)
+    publisher: Publisher
+    waiter: CompletionWaiter
+    signatures: SignatureCache
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.tffleet
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]

@@ -1,0 +1,85 @@
+"""Long-polls woken by the workers: one Redis pub/sub subscription per API process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+
+import orjson
+import redis.asyncio as aioredis
+
+from tffleet.constants import JOBS_DONE_CHANNEL
+
+log = logging.getLogger(__name__)
+
+
+class CompletionWaiter:
+    """Resolves a waiter when a worker announces that its job ended.
+
+    A lost announcement (Redis restarting, say) only delays a poll: callers re-read the database
+    whenever they wake, and wake at least every `recheck_s`.
+    """
+
+    recheck_s = 2.0
+
+    def __init__(self, redis_url: str) -> None:
+        self._url = redis_url
+        self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="completion-waiter")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @contextlib.contextmanager
+    def watch(self, job_id: str) -> Iterator[asyncio.Event]:
+        """Register interest before reading the database, so no announcement slips between."""
+        event = asyncio.Event()
+        self._waiters[job_id].add(event)
+        try:
+            yield event
+        finally:
+            waiting = self._waiters.get(job_id)
+            if waiting is not None:
+                waiting.discard(event)
+                if not waiting:
+                    del self._waiters[job_id]
+
+    def _wake(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            for event in self._waiters.get(job_id, ()):
+                event.set()
+
+    def _wake_all(self) -> None:
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
+
+    async def _listen(self) -> None:
+        backoff_s = 0.1
+        while True:
+            client = aioredis.Redis.from_url(self._url)
+            try:
+                async with client.pubsub() as pubsub:
+                    await pubsub.subscribe(JOBS_DONE_CHANNEL)
+                    backoff_s = 0.1
+                    async for message in pubsub.listen():
+                        if message["type"] == "message":
+                            self._wake(orjson.loads(message["data"]))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("completion channel lost (%s); reconnecting", exc)
+                self._wake_all()  # let every poll re-check the database
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 5.0)
+            finally:
+                await client.aclose()

@@ -1,0 +1,1 @@
+"""The database layer: models, engine and sessions, the job state machine, migrations."""

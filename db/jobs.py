@@ -1,0 +1,345 @@
+"""Every change of a job's state, in one place.
+
+    queued ──claim──▶ running ──complete──▶ succeeded
+      │                 │ └─────fail─────▶ failed
+      └────cancel───────┴────cancel──────▶ canceled
+
+`claim` is a compare-and-set that records a lease (owner, attempt, expiry); `complete` and `fail`
+write only where the lease still matches, so a stale or duplicate worker cannot overwrite a result.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import ColumnElement, Table, and_, bindparam, select, update
+from sqlalchemy.orm import Session
+
+from db.models import Job, JobStatus
+from tffleet.errors import InvalidRequest, JobAlreadyFinished, JobNotFound
+
+_jobs: Table = Job.__table__  # type: ignore[assignment]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+_id_lock = threading.Lock()
+_id_last = (0, 0)  # (unix ms, 74 random-or-counter bits) of the last id this process made
+
+
+def new_job_id() -> str:
+    """A UUIDv7: 48 bits of Unix milliseconds, then 74 bits that grow within a millisecond.
+
+    Ids sort by submission time, and within one process strictly by creation order (RFC 9562's
+    monotonic random: a new millisecond draws fresh randomness, the same one adds to the last),
+    so jobs submitted together keep their order wherever "age" means "id".
+    """
+    global _id_last
+    with _id_lock:
+        ms = time.time_ns() // 1_000_000
+        last_ms, last_tail = _id_last
+        if ms > last_ms:
+            tail = int.from_bytes(os.urandom(10), "big") >> 7  # 73 bits: room to count up
+        else:  # same millisecond, or the clock stepped back: stay after the last id
+            ms = last_ms
+            tail = last_tail + 1 + (int.from_bytes(os.urandom(4), "big") >> 8)
+            if tail >= 1 << 74:
+                ms, tail = ms + 1, int.from_bytes(os.urandom(10), "big") >> 7
+        _id_last = (ms, tail)
+    value = (ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76  # version 7
+    value |= (tail >> 62) << 64  # 12 bits (rand_a)
+    value |= 0x2 << 62  # RFC 4122 variant
+    value |= tail & ((1 << 62) - 1)  # 62 bits (rand_b)
+    return str(uuid.UUID(int=value))
+
+
+@dataclass(frozen=True)
+class NewJob:
+    model: str
+    version: int
+    samples: int
+    inputs: bytes
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed job: the fencing token (owner, attempt) and what the worker needs to run it."""
+
+    job_id: str
+    owner: str
+    attempt: int
+    samples: int
+    priority: int
+    inputs: bytes
+
+
+def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
+    now = utcnow()
+    rows = [
+        Job(
+            id=new_job_id(),
+            model=job.model,
+            version=job.version,
+            status=JobStatus.QUEUED.value,
+            priority=job.priority,
+            samples=job.samples,
+            inputs=job.inputs,
+            attempts=0,
+            created_at=now,
+        )
+        for job in jobs
+    ]
+    session.add_all(rows)
+    session.flush()
+    return rows
+
+
+def get(*, session: Session, job_id: str) -> Job:
+    # The state machine changes rows with Core UPDATEs, which do not touch objects this session
+    # already holds: always read the row, never a stale object from the identity map.
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise JobNotFound(f"job {job_id!r} not found")
+    return job
+
+
+def get_many(*, session: Session, job_ids: Sequence[str]) -> list[Job]:
+    query = select(Job).where(Job.id.in_(job_ids)).execution_options(populate_existing=True)
+    return list(session.scalars(query))
+
+
+def list_jobs(
+    *,
+    session: Session,
+    status: JobStatus | None = None,
+    model: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> tuple[list[Job], str | None]:
+    """Newest first. `cursor` is the `next_cursor` of the previous page (the last id it held)."""
+    if limit < 1:
+        raise InvalidRequest(f"limit: must be at least 1, got {limit}")
+    query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    if status is not None:
+        query = query.where(Job.status == status.value)
+    if model is not None:
+        query = query.where(Job.model == model)
+    if cursor is not None:
+        try:
+            # Ids compare as strings: "{...}", upper case or unhyphenated spellings of the same
+            # UUID would page from the wrong place, so compare the canonical form.
+            canonical = str(uuid.UUID(cursor))
+        except ValueError:
+            raise InvalidRequest(f"cursor: {cursor!r} is not a cursor this API returned") from None
+        query = query.where(Job.id < canonical)
+    jobs = list(session.scalars(query))
+    next_cursor = jobs[limit - 1].id if len(jobs) > limit else None
+    return jobs[:limit], next_cursor
+
+
+def _claim_ids(
+    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str
+) -> list[Lease]:
+    if not job_ids:
+        return []
+    now = utcnow()
+    # The compare-and-set: only rows still queued move, so of two racing claimers exactly one
+    # wins each job (PostgreSQL re-checks the WHERE after a concurrent update; SQLite serializes
+    # writers).
+    stmt = (
+        update(_jobs)
+        .where(and_(_jobs.c.id.in_(job_ids), _jobs.c.status == JobStatus.QUEUED.value))
+        .values(
+            status=JobStatus.RUNNING.value,
+            attempts=_jobs.c.attempts + 1,
+            lease_owner=owner,
+            lease_expires_at=now + timedelta(seconds=lease_s),
+            worker=worker,
+            started_at=now,
+        )
+        .returning(_jobs.c.id, _jobs.c.attempts, _jobs.c.samples, _jobs.c.priority, _jobs.c.inputs)
+    )
+    rows = session.execute(stmt).all()
+    return [
+        Lease(
+            job_id=row.id,
+            owner=owner,
+            attempt=row.attempts,
+            samples=row.samples,
+            priority=row.priority,
+            inputs=row.inputs,
+        )
+        for row in rows
+    ]
+
+
+def claim(
+    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
+) -> list[Lease]:
+    """Claim the named jobs that are still queued; the others are skipped (taken or ended)."""
+    leases = _claim_ids(
+        session=session, job_ids=job_ids, owner=owner, lease_s=lease_s, worker=worker or owner
+    )
+    order = {job_id: i for i, job_id in enumerate(job_ids)}
+    return sorted(leases, key=lambda lease: order[lease.job_id])
+
+
+def claim_next(
+    *,
+    session: Session,
+    model: str,
+    version: int,
+    owner: str,
+    lease_s: float,
+    max_samples: int,
+    worker: str = "",
+) -> list[Lease]:
+    """Claim queued jobs of one model version, by priority then age, up to `max_samples` samples.
+
+    A job larger than `max_samples` is taken only alone (the worker runs it in chunks).
+    """
+    if max_samples <= 0:
+        return []
+    candidates = session.execute(
+        select(_jobs.c.id, _jobs.c.samples)
+        .where(
+            _jobs.c.model == model,
+            _jobs.c.version == version,
+            _jobs.c.status == JobStatus.QUEUED.value,
+        )
+        .order_by(_jobs.c.priority.desc(), _jobs.c.id)
+        .limit(max_samples)
+        .with_for_update(skip_locked=True)
+    ).all()
+    chosen: list[str] = []
+    room = max_samples
+    for row in candidates:
+        if row.samples <= room:
+            chosen.append(row.id)
+            room -= row.samples
+        elif not chosen:
+            chosen.append(row.id)
+            break
+        if room == 0:
+            break
+    leases = _claim_ids(
+        session=session, job_ids=chosen, owner=owner, lease_s=lease_s, worker=worker or owner
+    )
+    rank = {job_id: i for i, job_id in enumerate(chosen)}
+    return sorted(leases, key=lambda lease: rank[lease.job_id])
+
+
+def _fenced() -> ColumnElement[bool]:
+    return and_(
+        _jobs.c.id == bindparam("b_id"),
+        _jobs.c.status == JobStatus.RUNNING.value,
+        _jobs.c.lease_owner == bindparam("b_owner"),
+        _jobs.c.attempts == bindparam("b_attempt"),
+    )
+
+
+def _fence(lease: Lease, **extra: object) -> dict[str, object]:
+    return {"b_id": lease.job_id, "b_owner": lease.owner, "b_attempt": lease.attempt, **extra}
+
+
+def _fenced_update(session: Session, params: list[dict[str, object]], **values: object) -> int:
+    """One UPDATE per lease, in one round of executemany; returns how many rows matched."""
+    stmt = update(_jobs).where(_fenced()).values(**values)
+    result = session.execute(stmt, params)
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def _fence_params(lease: Lease) -> dict[str, object]:
+    return {"b_id": lease.job_id, "b_owner": lease.owner, "b_attempt": lease.attempt}
+
+
+def heartbeat(*, session: Session, leases: Sequence[Lease], lease_s: float) -> int:
+    """Extend the leases still held; returns how many were."""
+    if not leases:
+        return 0
+    expires = utcnow() + timedelta(seconds=lease_s)
+    return _fenced_update(
+        session,
+        [_fence(lease, b_expires=expires) for lease in leases],
+        lease_expires_at=bindparam("b_expires"),
+    )
+
+
+def complete(*, session: Session, results: Sequence[tuple[Lease, bytes]]) -> int:
+    """Write outputs where the lease still matches; returns how many were written."""
+    if not results:
+        return 0
+    return _fenced_update(
+        session,
+        [_fence(lease, b_outputs=outputs) for lease, outputs in results],
+        status=JobStatus.SUCCEEDED.value,
+        outputs=bindparam("b_outputs"),
+        finished_at=utcnow(),
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+
+
+def fail(*, session: Session, leases: Sequence[Lease], code: str, message: str) -> int:
+    """End held jobs `failed` with an error code; returns how many were."""
+    if not leases:
+        return 0
+    return _fenced_update(
+        session,
+        [_fence(lease) for lease in leases],
+        status=JobStatus.FAILED.value,
+        error_code=code,
+        error_message=message,
+        finished_at=utcnow(),
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+
+
+def release(*, session: Session, leases: Sequence[Lease]) -> int:
+    """Hand held jobs back to the queue (an infrastructure fault, not the job's)."""
+    if not leases:
+        return 0
+    return _fenced_update(
+        session,
+        [_fence(lease) for lease in leases],
+        status=JobStatus.QUEUED.value,
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+
+
+def cancel(*, session: Session, job_id: str) -> Job:
+    """Cancel a queued or running job. A running job's late result is then fenced out."""
+    result = session.execute(
+        update(_jobs)
+        .where(
+            _jobs.c.id == job_id,
+            _jobs.c.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value]),
+        )
+        .values(
+            status=JobStatus.CANCELED.value,
+            finished_at=utcnow(),
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+    job = get(session=session, job_id=job_id)
+    session.refresh(job)
+    # Canceling twice is not an error; canceling a job that ran to its end is.
+    if result.rowcount == 0 and job.status in _ENDED_ON_ITS_OWN:  # type: ignore[attr-defined]
+        raise JobAlreadyFinished(f"job {job_id!r} already finished as {job.status}")
+    return job
+
+
+_ENDED_ON_ITS_OWN = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})

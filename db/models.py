@@ -1,0 +1,93 @@
+"""The rows: jobs and registered model versions."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Dialect, Index, Integer, LargeBinary, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stored as naive UTC on every backend (SQLite has no time zones); read back as aware UTC."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value is not None else None
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"  # stored and waiting for a worker (a wake-up may or may not be in Redis)
+    RUNNING = "running"  # claimed by a worker under a lease
+    SUCCEEDED = "succeeded"  # outputs written under the lease
+    FAILED = "failed"  # ended with an error code; never retried again
+    CANCELED = "canceled"  # canceled by a client; a late result is discarded
+
+    @property
+    def finished(self) -> bool:
+        return self in FINISHED
+
+
+FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED})
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    # Time-ordered (UUIDv7 layout), so ordering by id is ordering by submission.
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    samples: Mapped[int] = mapped_column(Integer)
+    inputs: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+    outputs: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # The lease: who holds the job, on which attempt, until when. Results are fenced by it.
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    worker: Mapped[str | None] = mapped_column(String(200))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    __table_args__ = (
+        # The worker's top-up query: queued jobs of one model version, by priority then age.
+        Index("ix_jobs_pick", "model", "version", "status", "priority", "id"),
+        Index("ix_jobs_status_id", "status", "id"),
+        Index("ix_jobs_lease", "status", "lease_expires_at"),
+    )
+
+
+class ModelVersion(Base):
+    """A model version some worker (or `tffleet models register`) has loaded: its signature."""
+
+    __tablename__ = "model_versions"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    format: Mapped[str] = mapped_column(String(32))
+    # {input name: {"dtype": "float32", "shape": [-1, 1024]}}; -1 marks a free dimension.
+    inputs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    outputs: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime())

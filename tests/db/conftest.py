@@ -1,0 +1,40 @@
+"""Factories for job rows, on whichever backend the `sessions` fixture runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import jobs
+
+MakeJobs = Callable[..., list[str]]
+
+
+@pytest.fixture
+def make_jobs(sessions: sessionmaker[Session]) -> MakeJobs:
+    """Create and commit queued jobs; returns their ids in creation order."""
+
+    def make(
+        count: int = 1,
+        *,
+        model: str = "m",
+        version: int = 1,
+        samples: int = 1,
+        priority: int = 0,
+    ) -> list[str]:
+        new = [
+            jobs.NewJob(
+                model=model,
+                version=version,
+                samples=samples,
+                inputs=b"in",
+                priority=priority,
+            )
+            for _ in range(count)
+        ]
+        with sessions.begin() as session:
+            return [row.id for row in jobs.create(session=session, jobs=new)]
+
+    return make

@@ -1,0 +1,179 @@
+"""The `tffleet` command: run the fleet's processes and manage its database.
+
+Options given on the command line override the `TFFLEET_*` environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from tffleet import __version__
+
+
+def _apply_overrides(**overrides: object) -> None:
+    # Settings are read from the environment, once; child processes inherit it.
+    for name, value in overrides.items():
+        if value is not None:
+            os.environ[f"TFFLEET_{name.upper()}"] = str(value)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from db.migrate import upgrade
+    from tffleet.settings import get_settings
+
+    url = get_settings().database_url
+    upgrade(url)
+    print(f"tffleet: database at head ({url.split('@')[-1]})")
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from tffleet.settings import get_settings
+
+    _apply_overrides(api_host=args.host, api_port=args.port)
+    settings = get_settings()
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=settings.api_host,
+        port=settings.api_port,
+        workers=args.workers,
+        access_log=args.access_log,
+        log_level=args.log_level.lower(),
+    )
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    _apply_overrides(devices=args.devices, model_repository=args.model_repository)
+    from tffleet.devices import parse_devices
+    from tffleet.settings import get_settings
+    from worker.app import QUEUE_PREFIX, celery_app, queue_for
+    from worker.repository import model_names
+
+    settings = get_settings()
+    devices = parse_devices(settings.devices)
+    names = model_names(settings.model_repository)
+    if args.models:
+        wanted = [m.strip() for m in args.models.split(",") if m.strip()]
+        missing = sorted(set(wanted) - set(names))
+        if missing:
+            print(
+                f"tffleet: --models names {missing}, which are not in "
+                f"{settings.model_repository} (it has {names})",
+                file=sys.stderr,
+            )
+            return 2
+        names = wanted
+    if not names:
+        print(f"tffleet: warning: no models in {settings.model_repository}", file=sys.stderr)
+    queues = [queue_for(n) for n in names] or [f"{QUEUE_PREFIX}default"]
+    print(
+        f"tffleet: worker with {len(devices)} children on {', '.join(map(str, devices))}; "
+        f"models {names}",
+        flush=True,
+    )
+    celery_app.worker_main(
+        [
+            "worker",
+            "--pool=prefork",
+            f"--concurrency={len(devices)}",
+            f"--queues={','.join(queues)}",
+            f"--loglevel={args.log_level}",
+            f"--hostname=tffleet-{os.getpid()}@%h",
+        ]
+    )
+    return 0
+
+
+def cmd_flower(args: argparse.Namespace) -> int:
+    auth = args.basic_auth or os.environ.get("TFFLEET_FLOWER_BASIC_AUTH")
+    argv = [sys.executable, "-m", "celery", "-A", "worker.app", "flower", f"--port={args.port}"]
+    if auth:
+        argv.append(f"--basic-auth={auth}")
+    elif not args.no_auth:
+        print(
+            "tffleet: Flower can revoke tasks and shut workers down; set "
+            "TFFLEET_FLOWER_BASIC_AUTH=user:password (or pass --no-auth on a private network)",
+            file=sys.stderr,
+        )
+        return 2
+    os.execv(sys.executable, argv)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from tffleet.embedded import UpOptions, up
+
+    data_dir = Path(args.data_dir)
+    return up(
+        UpOptions(
+            data_dir=data_dir,
+            models=Path(args.models) if args.models else data_dir / "models",
+            host=args.host,
+            port=args.port,
+            devices=args.devices,
+        )
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tffleet", description="Asynchronous inference jobs on TensorFlow models."
+    )
+    parser.add_argument("--version", action="version", version=f"tffleet {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run everything on this machine: redis, sqlite, api, worker")
+    up.add_argument("--models", help="model repository (default: DATA_DIR/models)")
+    up.add_argument("--data-dir", default=".tffleet", help="where the database and models live")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8000, help="the API's port (default 8000)")
+    up.add_argument("--devices", default="cpu:1", help="cpu:N, all, or GPU indices (default cpu:1)")
+    up.set_defaults(func=cmd_up)
+
+    api = sub.add_parser("api", help="run the HTTP API")
+    api.add_argument("--host")
+    api.add_argument("--port", type=int)
+    api.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    api.add_argument("--access-log", action="store_true")
+    api.add_argument("--log-level", default="INFO")
+    api.set_defaults(func=cmd_api)
+
+    worker = sub.add_parser("worker", help="run a Celery worker, one child per device")
+    worker.add_argument("--devices", help="cpu:N, all, or GPU indices such as 0,1")
+    worker.add_argument("--model-repository")
+    worker.add_argument("--models", help="comma-separated subset of the repository's models")
+    worker.add_argument("--log-level", default="INFO")
+    worker.set_defaults(func=cmd_worker)
+
+    migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
+    migrate.set_defaults(func=cmd_migrate)
+
+    flower = sub.add_parser("flower", help="run Flower, the Celery monitor")
+    flower.add_argument("--port", type=int, default=5555)
+    flower.add_argument("--basic-auth", help="user:password (default: TFFLEET_FLOWER_BASIC_AUTH)")
+    flower.add_argument("--no-auth", action="store_true", help="allow running without a password")
+    flower.set_defaults(func=cmd_flower)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as exc:  # settings that do not parse
+        print(f"tffleet: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

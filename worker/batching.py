@@ -1,0 +1,217 @@
+"""One batch: claim the named jobs, top up with other queued jobs, run one forward pass, write.
+
+Plain logic over a `Runner` (anything with `inputs` and `run(batch) -> outputs`), so tests can pass
+a function instead of TensorFlow.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import jobs
+from db.jobs import Lease
+from tffleet import tensors
+
+log = logging.getLogger(__name__)
+
+_TOP_UP_POLL_S = 0.0005
+
+
+class Runner(Protocol):
+    inputs: dict[str, dict[str, Any]]
+
+    def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch_size: int
+    max_queue_delay_ms: float
+    buckets: tuple[int, ...]
+
+    def padded_size(self, samples: int) -> int:
+        """The smallest bucket that holds `samples`, so shapes repeat and nothing retraces."""
+        for size in self.buckets:
+            if size >= samples:
+                return size
+        return samples
+
+
+@dataclass
+class BatchReport:
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    samples: int = 0
+    written: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Batcher:
+    """Runs batches for one child: its sessions, its identity, how to tell the API a job ended."""
+
+    sessions: sessionmaker[Session]
+    owner: str
+    lease_s: float
+    notify: Callable[[Sequence[str]], None]
+
+    def run(
+        self,
+        *,
+        model: str,
+        version: int,
+        job_ids: Sequence[str],
+        runner: Runner,
+        policy: BatchPolicy,
+    ) -> BatchReport:
+        leases = self._claim(model=model, version=version, job_ids=job_ids, policy=policy)
+        report = BatchReport(claimed=len(leases), samples=sum(lease.samples for lease in leases))
+        if not leases:
+            return report
+        with self._heartbeat(leases):
+            outcomes = run_leases(leases, runner=runner, policy=policy)
+        succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
+        failed = [(lease, out) for lease, out in outcomes if isinstance(out, str)]
+        with self.sessions.begin() as session:
+            report.written = jobs.complete(session=session, results=succeeded)
+            for lease, message in failed:
+                report.written += jobs.fail(
+                    session=session, leases=[lease], code="model_error", message=message
+                )
+        report.succeeded, report.failed = len(succeeded), len(failed)
+        self.notify([lease.job_id for lease in leases])
+        return report
+
+    def _claim(
+        self, *, model: str, version: int, job_ids: Sequence[str], policy: BatchPolicy
+    ) -> list[Lease]:
+        with self.sessions.begin() as session:
+            leases = jobs.claim(
+                session=session, job_ids=job_ids, owner=self.owner, lease_s=self.lease_s
+            )
+        # Top up with other queued jobs of this model version (priority, then age), waiting at
+        # most max_queue_delay_ms for more to arrive.
+        deadline = time.monotonic() + policy.max_queue_delay_ms / 1000
+        while (room := policy.max_batch_size - sum(lease.samples for lease in leases)) > 0:
+            with self.sessions.begin() as session:
+                more = jobs.claim_next(
+                    session=session,
+                    model=model,
+                    version=version,
+                    owner=self.owner,
+                    lease_s=self.lease_s,
+                    max_samples=room,
+                )
+            leases.extend(more)
+            if more:
+                continue
+            if not leases or time.monotonic() >= deadline:
+                break
+            time.sleep(_TOP_UP_POLL_S)
+        return leases
+
+    @contextmanager
+    def _heartbeat(self, leases: list[Lease]) -> Iterator[None]:
+        """Extend the leases every third of their length while the batch runs."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.lease_s / 3):
+                try:
+                    with self.sessions.begin() as session:
+                        jobs.heartbeat(session=session, leases=leases, lease_s=self.lease_s)
+                except Exception:
+                    log.exception("lease heartbeat failed; will retry")
+
+        thread = threading.Thread(target=beat, name="lease-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+
+Outcome = tuple[Lease, bytes | str]  # packed outputs, or an error message
+
+
+def run_leases(leases: Sequence[Lease], *, runner: Runner, policy: BatchPolicy) -> list[Outcome]:
+    """Run every claimed job: batch jobs whose shapes agree, isolate a job that makes TF raise."""
+    decoded = [(lease, tensors.unpack(lease.inputs)) for lease in leases]
+    groups: dict[tuple[Any, ...], list[tuple[Lease, dict[str, np.ndarray]]]] = {}
+    for lease, arrays in decoded:
+        key = tuple((name, arrays[name].shape[1:]) for name in sorted(arrays))
+        groups.setdefault(key, []).append((lease, arrays))
+    outcomes: list[Outcome] = []
+    for group in groups.values():
+        try:
+            outcomes.extend(_run_group(group, runner=runner, policy=policy))
+        except Exception:
+            if len(group) == 1:
+                lease, _ = group[0]
+                outcomes.append((lease, _describe_failure()))
+                continue
+            # One bad job must not fail the others: run each alone to find it.
+            for item in group:
+                try:
+                    outcomes.extend(_run_group([item], runner=runner, policy=policy))
+                except Exception:
+                    outcomes.append((item[0], _describe_failure()))
+    return outcomes
+
+
+def _describe_failure() -> str:
+    import sys
+
+    exc = sys.exc_info()[1]
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:1000]
+
+
+def _run_group(
+    group: Sequence[tuple[Lease, dict[str, np.ndarray]]], *, runner: Runner, policy: BatchPolicy
+) -> list[Outcome]:
+    names = list(runner.inputs)
+    batch = {name: np.concatenate([arrays[name] for _, arrays in group]) for name in names}
+    total = len(next(iter(batch.values())))
+    outputs = _forward(batch, total=total, runner=runner, policy=policy)
+    outcomes: list[Outcome] = []
+    start = 0
+    for lease, _ in group:
+        end = start + lease.samples
+        outcomes.append((lease, tensors.pack({k: v[start:end] for k, v in outputs.items()})))
+        start = end
+    return outcomes
+
+
+def _forward(
+    batch: dict[str, np.ndarray], *, total: int, runner: Runner, policy: BatchPolicy
+) -> dict[str, np.ndarray]:
+    """Pad to a bucket and run; a batch over max_batch_size runs in chunks, joined in order."""
+    parts: list[dict[str, np.ndarray]] = []
+    for start in range(0, total, policy.max_batch_size):
+        chunk = {k: v[start : start + policy.max_batch_size] for k, v in batch.items()}
+        size = len(next(iter(chunk.values())))
+        padded = policy.padded_size(size)
+        if padded > size:
+            chunk = {
+                k: np.concatenate([v, np.zeros((padded - size, *v.shape[1:]), dtype=v.dtype)])
+                for k, v in chunk.items()
+            }
+        out = runner.run(chunk)
+        parts.append({k: np.asarray(v)[:size] for k, v in out.items()})
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

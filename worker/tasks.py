@@ -1,0 +1,48 @@
+"""Celery tasks: thin adapters that read the message and call the batching logic."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.exc import OperationalError
+
+from db import jobs
+from worker import child
+from worker.app import RUN_BATCH_TASK, celery_app
+
+log = logging.getLogger(__name__)
+
+
+@celery_app.task(
+    name=RUN_BATCH_TASK,
+    autoretry_for=(OperationalError,),  # the database blinked: try again later
+    retry_backoff=True,
+    retry_backoff_max=30,
+    max_retries=None,
+)
+def run_batch(model: str, version: int, job_ids: list[str]) -> dict[str, int]:
+    """Run the named jobs of one model version, topped up with other queued jobs."""
+    current = child.current()
+    loaded = current.models.get((model, version))
+    if loaded is None:
+        reason = current.failed.get((model, version), "this worker does not serve it")
+        with current.batcher.sessions.begin() as session:
+            leases = jobs.claim(
+                session=session, job_ids=job_ids, owner=current.batcher.owner, lease_s=60
+            )
+            jobs.fail(
+                session=session,
+                leases=leases,
+                code="model_error",
+                message=f"model {model!r} version {version} is not loaded: {reason}",
+            )
+        current.batcher.notify(job_ids)
+        return {"claimed": len(leases), "failed": len(leases)}
+    report = current.batcher.run(
+        model=model,
+        version=version,
+        job_ids=job_ids,
+        runner=loaded.runner,
+        policy=loaded.policy,
+    )
+    return report.as_dict()
