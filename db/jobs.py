@@ -35,6 +35,17 @@ _id_lock = threading.Lock()
 _id_last = (0, 0)  # (unix ms, 74 random-or-counter bits) of the last id this process made
 
 
+def _reset_ids_after_fork() -> None:
+    # A forked child (Celery prefork, uvicorn workers) must not count on from its parent's last
+    # id, where its siblings would count too; nor inherit a lock another thread held at the fork.
+    global _id_lock, _id_last
+    _id_lock = threading.Lock()
+    _id_last = (0, 0)
+
+
+os.register_at_fork(after_in_child=_reset_ids_after_fork)
+
+
 def new_job_id() -> str:
     """A UUIDv7: 48 bits of Unix milliseconds, then 74 bits that grow within a millisecond.
 
@@ -255,6 +266,9 @@ def _fence(lease: Lease, **extra: object) -> dict[str, object]:
 def _fenced_update(session: Session, params: list[dict[str, object]], **values: object) -> int:
     """One UPDATE per lease, in one round of executemany; returns how many rows matched."""
     stmt = update(_jobs).where(_fenced()).values(**values)
+    # Rows locked in id order, the order a multi-row UPDATE by id takes them: two transactions
+    # touching the same jobs then wait for each other instead of deadlocking.
+    params = sorted(params, key=lambda p: str(p["b_id"]))
     result = session.execute(stmt, params)
     return int(result.rowcount)  # type: ignore[attr-defined]
 

@@ -1,7 +1,7 @@
 """Every error tffleet raises on purpose, under one root.
 
     TffleetError
-    ├── InvalidRequest          400  the body is not valid JSON
+    ├── InvalidRequest          400  a malformed request: not JSON, a cursor we never issued
     ├── NotFound                404
     │   ├── ModelNotFound           unknown model or version
     │   └── JobNotFound             unknown job id

@@ -101,9 +101,13 @@ def _decode_lists(value: list[Any], *, dtype: str) -> np.ndarray:
     if natural.size == 0:
         return natural.astype(np_dtype)
     if np_dtype.kind in "iu" and kind in "Of" and _all_python_ints(value):
-        # Integers beyond 64 bits come back as objects, and a mix of negative and beyond-int64
-        # ones as float64: either way they are integers that do not fit.
-        raise TensorError(f"integer out of range for dtype {dtype}")
+        # NumPy reads integers beyond 64 bits as objects, and a mix of negative and beyond-int64
+        # ones as float64 (losing digits): check them as the Python integers they are.
+        info = np.iinfo(np_dtype)
+        flat = _flatten(value)
+        if min(flat) < info.min or max(flat) > info.max:
+            raise TensorError(f"integer out of range for dtype {dtype}")
+        return np.array(value, dtype=np_dtype)
     if kind == "O" or kind in "USV":
         raise TensorError(f"expected numbers of dtype {dtype}")
     if np_dtype.kind == "f":
@@ -124,6 +128,12 @@ def _decode_lists(value: list[Any], *, dtype: str) -> np.ndarray:
     elif np_dtype.kind == "b" and kind != "b":
         raise TensorError("expected true/false for dtype bool")
     return natural.astype(np_dtype, copy=False)
+
+
+def _flatten(value: Any) -> list[int]:
+    if isinstance(value, list):
+        return [item for row in value for item in _flatten(row)]
+    return [value]
 
 
 def _all_python_ints(value: Any) -> bool:
@@ -154,7 +164,8 @@ def pack(tensors: Mapping[str, np.ndarray]) -> bytes:
             # Anything else (strings, objects) has no portable raw bytes; an object array's
             # bytes are pointers.
             raise TensorError(f"cannot pack {name!r}: dtype {array.dtype.name} is not supported")
-        data = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+        # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
+        data = array.astype(array.dtype.newbyteorder("<"), order="C", copy=False)
         raw = data.tobytes()
         header.append(
             {

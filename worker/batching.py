@@ -149,12 +149,18 @@ Outcome = tuple[Lease, bytes | str]  # packed outputs, or an error message
 
 def run_leases(leases: Sequence[Lease], *, runner: Runner, policy: BatchPolicy) -> list[Outcome]:
     """Run every claimed job: batch jobs whose shapes agree, isolate a job that makes TF raise."""
-    decoded = [(lease, tensors.unpack(lease.inputs)) for lease in leases]
+    outcomes: list[Outcome] = []
     groups: dict[tuple[Any, ...], list[tuple[Lease, dict[str, np.ndarray]]]] = {}
-    for lease, arrays in decoded:
+    for lease in leases:
+        try:
+            arrays = tensors.unpack(lease.inputs)
+        except Exception:
+            # An unreadable blob is that job's fault alone: raising here would strand the whole
+            # batch until its leases expire, and cost every job in it an attempt.
+            outcomes.append((lease, _describe_failure()))
+            continue
         key = tuple((name, arrays[name].shape[1:]) for name in sorted(arrays))
         groups.setdefault(key, []).append((lease, arrays))
-    outcomes: list[Outcome] = []
     for group in groups.values():
         try:
             outcomes.extend(_run_group(group, runner=runner, policy=policy))

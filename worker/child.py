@@ -119,15 +119,11 @@ def init() -> None:
                 config=spec.config.as_dict(),
             )
         log.info(
-            "child %s (pid %d) loaded %s:%s in %.2fs, warmed %d buckets in %.2fs",
-            device,
-            os.getpid(),
-            spec.name,
-            spec.version,
-            loaded_s,
-            len(policy.buckets),
-            warm_s,
-        )
+            "child %s (pid %d, CUDA_VISIBLE_DEVICES=%s) loaded %s:%s in %.2fs, "
+            "warmed %d buckets in %.2fs",
+            device, os.getpid(), os.environ["CUDA_VISIBLE_DEVICES"], spec.name, spec.version,
+            loaded_s, len(policy.buckets), warm_s,
+        )  # fmt: skip
     _child = child
 
 

@@ -14,6 +14,7 @@ This module only reads the file system; it never imports TensorFlow.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -22,7 +23,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+# ASCII digits without a leading zero ("01" would be a second version 1; str.isdigit() also takes
+# "²", which int() refuses), small enough for the database's INTEGER column.
+_VERSION = re.compile(r"[1-9][0-9]{0,8}")
 CONFIG_FILE = "model.toml"
 
 
@@ -74,12 +78,12 @@ def model_names(repository: Path) -> list[str]:
     return sorted(
         d.name
         for d in repository.iterdir()
-        if d.is_dir() and _NAME.match(d.name) and any(_versions(d))
+        if d.is_dir() and _NAME.fullmatch(d.name) and any(_versions(d))
     )
 
 
 def _versions(model_dir: Path) -> list[Path]:
-    return [d for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit() and int(d.name) > 0]
+    return [d for d in model_dir.iterdir() if d.is_dir() and _VERSION.fullmatch(d.name)]
 
 
 def detect_format(path: Path) -> str | None:
@@ -98,11 +102,31 @@ def read_config(model_dir: Path, *, defaults: ModelConfig) -> ModelConfig:
     if unknown:
         raise ValueError(f"{file}: unknown keys {sorted(unknown)}; known keys are {sorted(known)}")
     values = {**defaults.__dict__, **raw}
-    values["buckets"] = tuple(int(b) for b in values.get("buckets", ()))
-    config = ModelConfig(**values)
-    if config.max_batch_size < 1:
-        raise ValueError(f"{file}: max_batch_size must be at least 1")
-    return config
+    problem = _check(values)
+    if problem:
+        raise ValueError(f"{file}: {problem}")
+    values["buckets"] = tuple(values["buckets"])
+    return ModelConfig(**values)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(values: dict[str, Any]) -> str | None:
+    """What is wrong with a config's values, or None. TOML has types: no silent conversion."""
+    signature, size = values["signature"], values["max_batch_size"]
+    delay, buckets = values["max_queue_delay_ms"], values["buckets"]
+    if not isinstance(signature, str) or not signature:
+        return f"signature must be a non-empty string, got {signature!r}"
+    if not _is_int(size) or size < 1:
+        return f"max_batch_size must be an integer of at least 1, got {size!r}"
+    number = _is_int(delay) or isinstance(delay, float)
+    if not number or not math.isfinite(delay) or delay < 0:
+        return f"max_queue_delay_ms must be a number of at least 0, got {delay!r}"
+    if not isinstance(buckets, list | tuple) or not all(_is_int(b) and b >= 1 for b in buckets):
+        return f"buckets must be a list of integers of at least 1, got {buckets!r}"
+    return None
 
 
 def scan(repository: Path, *, defaults: ModelConfig | None = None) -> list[ModelSpec]:
@@ -113,7 +137,7 @@ def scan(repository: Path, *, defaults: ModelConfig | None = None) -> list[Model
         model_dir = repository / name
         try:
             config = read_config(model_dir, defaults=defaults)
-        except (ValueError, TypeError, tomllib.TOMLDecodeError) as exc:
+        except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError included
             log.error("skipping model %s: bad %s: %s", name, CONFIG_FILE, exc)
             continue
         for version_dir in sorted(_versions(model_dir), key=lambda d: int(d.name)):

@@ -46,15 +46,19 @@ class SavedModelRuntime:
         return {name: value.numpy() for name, value in result.items()}
 
     def warm_up(self, sizes: tuple[int, ...]) -> float:
-        """Run every padded batch size once, so no request pays for tracing or allocation."""
+        """Run every padded batch size once, so no request pays for tracing or allocation.
+
+        Skipped when an input has a free dimension besides the batch: no shape would be right.
+        """
+        shapes = {name: spec["shape"] for name, spec in self.inputs.items()}
+        if any(shape is None or -1 in shape[1:] for shape in shapes.values()):
+            log.info("%s: inputs have free dimensions; no warm-up", self.spec.path)
+            return 0.0
         started = time.perf_counter()
         for size in sizes:
             self.run(
                 {
-                    name: np.zeros(
-                        [size] + [1 if d == -1 else d for d in (spec["shape"] or [])[1:]],
-                        dtype=spec["dtype"],
-                    )
+                    name: np.zeros([size, *shapes[name][1:]], dtype=spec["dtype"])
                     for name, spec in self.inputs.items()
                 }
             )

@@ -31,11 +31,12 @@ def claim(sessions: Sessions, job_ids: list[str], owner: str = "w1") -> list[job
         return jobs.claim(session=session, job_ids=job_ids, owner=owner, lease_s=60)
 
 
-def claim_next(sessions: Sessions, max_samples: int, **kwargs: object) -> list[str]:
-    args: dict[str, object] = {"model": "m", "version": 1, "owner": "w1", "lease_s": 60}
-    args.update(kwargs)
+def claim_next(sessions: Sessions, max_samples: int, owner: str = "w1") -> list[str]:
+    """Claim queued jobs of model "m" version 1; returns their ids in the order claimed."""
     with sessions.begin() as session:
-        leases = jobs.claim_next(session=session, max_samples=max_samples, **args)  # type: ignore[arg-type]
+        leases = jobs.claim_next(
+            session=session, model="m", version=1, owner=owner, lease_s=60, max_samples=max_samples
+        )
     return [lease.job_id for lease in leases]
 
 
@@ -63,6 +64,19 @@ def test_job_ids_are_uuid7_and_sort_in_creation_order(make_jobs: MakeJobs) -> No
     assert len(set(ids)) == len(ids)
 
 
+def test_job_ids_keep_growing_within_a_millisecond_and_when_the_clock_steps_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now_ns = [1_900_000_000_000 * 1_000_000]
+    monkeypatch.setattr(jobs.time, "time_ns", lambda: now_ns[0])
+    ids = [jobs.new_job_id() for _ in range(1000)]
+    now_ns[0] -= 5_000 * 1_000_000  # NTP steps the clock back 5 s
+    ids += [jobs.new_job_id() for _ in range(10)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+    assert uuid.UUID(ids[0]).int >> 80 == 1_900_000_000_000  # the time stamp, in ms
+
+
 def test_get_unknown_job_raises_job_not_found(sessions: Sessions) -> None:
     with sessions() as session, pytest.raises(JobNotFound, match="nope"):
         jobs.get(session=session, job_id="nope")
@@ -72,6 +86,7 @@ def test_get_many_returns_the_known_jobs_only(make_jobs: MakeJobs, sessions: Ses
     ids = make_jobs(3)
     with sessions() as session:
         found = jobs.get_many(session=session, job_ids=[*ids, str(uuid.uuid4())])
+        assert jobs.get_many(session=session, job_ids=[]) == []
     assert sorted(job.id for job in found) == sorted(ids)
 
 
@@ -439,16 +454,19 @@ def test_cancel_of_an_unknown_job_raises_job_not_found(sessions: Sessions) -> No
 # list_jobs
 
 
-def page_through(sessions: Sessions, limit: int, **filters: object) -> list[list[str]]:
+def page_through(
+    sessions: Sessions,
+    limit: int,
+    status: JobStatus | None = None,
+    model: str | None = None,
+) -> list[list[str]]:
+    """Every page of ids, following next_cursor until it is None."""
     pages: list[list[str]] = []
     cursor: str | None = None
     while True:
         with sessions() as session:
             found, cursor = jobs.list_jobs(
-                session=session,
-                limit=limit,
-                cursor=cursor,
-                **filters,  # type: ignore[arg-type]
+                session=session, status=status, model=model, limit=limit, cursor=cursor
             )
         pages.append([job.id for job in found])
         if cursor is None:
@@ -475,8 +493,9 @@ def test_list_jobs_filters_by_status_and_model(make_jobs: MakeJobs, sessions: Se
     with sessions.begin() as session:
         jobs.cancel(session=session, job_id=a[4])
 
-    def listed(**filters: object) -> list[str]:
-        return [job_id for page in page_through(sessions, 2, **filters) for job_id in page]
+    def listed(status: JobStatus | None = None, model: str | None = None) -> list[str]:
+        pages = page_through(sessions, 2, status=status, model=model)
+        return [job_id for page in pages for job_id in page]
 
     assert listed(model="a") == a[::-1]
     assert listed(status=JobStatus.RUNNING) == [b[0], a[1], a[0]]

@@ -12,6 +12,7 @@ from sqlalchemy import Engine, func, inspect, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import registry
+from db.engine import make_engine
 from db.migrate import alembic_config, upgrade
 from db.models import Base, ModelVersion
 from tffleet.errors import ModelNotFound, NotFound
@@ -106,8 +107,6 @@ def test_migrations_match_the_models(engine: Engine) -> None:
 
 
 def test_migrations_downgrade_to_nothing_and_upgrade_again(sqlite_url: str) -> None:
-    from db.engine import make_engine
-
     command.downgrade(alembic_config(sqlite_url), "base")
     engine = make_engine(sqlite_url)
     try:

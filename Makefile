@@ -1,0 +1,33 @@
+# The two commands of README.md, plus the checks. Each creates .venv on first use.
+#   make run    the whole fleet on this machine (tffleet up): SQLite, a private Redis, example model
+#   make test   the test suite (needs PostgreSQL and Redis on 127.0.0.1, see README)
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint typecheck check clean
+
+$(BIN)/tffleet: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --progress-bar off -q --upgrade pip
+	$(BIN)/python -m pip install --progress-bar off -q -e '.[worker,dev]'
+	touch $@
+
+run: $(BIN)/tffleet
+	$(BIN)/tffleet up
+
+test: $(BIN)/tffleet
+	$(BIN)/python -m pytest
+
+lint: $(BIN)/tffleet
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/tffleet
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+clean:
+	rm -rf $(VENV) .tffleet .pytest_cache .mypy_cache .ruff_cache

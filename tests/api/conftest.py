@@ -1,0 +1,276 @@
+"""The real app in-process (lifespan included) on a real database and a real Redis.
+
+Every test here runs twice, on SQLite and on PostgreSQL (through `db_url`). No worker runs:
+a test that needs a finished job plays the worker itself through `db.jobs` (`finish_job`).
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import redis
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.app import create_app
+from api.publish import Publisher
+from api.state import AppState
+from db import jobs, registry
+from db.models import Job
+from tffleet import tensors
+from tffleet.constants import JOBS_DONE_CHANNEL
+from tffleet.settings import Settings
+
+Sessions = sessionmaker[Session]
+
+MAX_BODY_BYTES = 16 * 1024
+DEAD_BROKER_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+
+# The fake fleet: name -> version -> (inputs, outputs).
+SIGNATURES: dict[str, dict[int, tuple[dict[str, Any], dict[str, Any]]]] = {
+    "mlp": {
+        1: (
+            {"x": {"dtype": "float32", "shape": [-1, 4]}},
+            {"y": {"dtype": "float32", "shape": [-1, 2]}},
+        ),
+        2: (
+            {"x": {"dtype": "float32", "shape": [-1, 4]}},
+            {"y": {"dtype": "float32", "shape": [-1, 3]}},
+        ),
+    },
+    "pair": {
+        1: (
+            {
+                "a": {"dtype": "float32", "shape": [-1, 3]},
+                "b": {"dtype": "float32", "shape": [-1, 2]},
+            },
+            {"sum": {"dtype": "float32", "shape": [-1]}},
+        ),
+    },
+    "count": {
+        1: (
+            {"ids": {"dtype": "int32", "shape": [-1, -1]}},
+            {"n": {"dtype": "int64", "shape": [-1]}},
+        ),
+    },
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def envelope(array: np.ndarray, **overrides: Any) -> dict[str, Any]:
+    """The binary wire form of `array`, with any key replaced."""
+    little = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<")))
+    value: dict[str, Any] = {
+        "b64": base64.b64encode(little.tobytes()).decode("ascii"),
+        "dtype": array.dtype.name,
+        "shape": list(array.shape),
+    }
+    value.update(overrides)
+    return value
+
+
+@pytest.fixture
+def models(sessions: Sessions) -> dict[str, Any]:
+    """Register the fake fleet's signatures, as a worker would on loading its models."""
+    with sessions.begin() as session:
+        for name, versions in SIGNATURES.items():
+            for version, (inputs, outputs) in versions.items():
+                registry.register(
+                    session=session,
+                    name=name,
+                    version=version,
+                    format="savedmodel",
+                    inputs=inputs,
+                    outputs=outputs,
+                )
+    return SIGNATURES
+
+
+@pytest.fixture
+def broker(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@dataclass
+class Api:
+    """A running app: an HTTP client to it and the state its lifespan built."""
+
+    client: httpx.AsyncClient
+    state: AppState
+
+
+OpenApi = Callable[..., AbstractAsyncContextManager[Api]]
+
+
+@pytest.fixture
+def open_api(db_url: str, redis_url: str, models: dict[str, Any]) -> OpenApi:
+    """Start the app (running its lifespan) with test settings, overridable per call."""
+
+    @asynccontextmanager
+    async def open_(**overrides: Any) -> AsyncIterator[Api]:
+        values: dict[str, Any] = {
+            "database_url": db_url,
+            "broker_url": redis_url,
+            "max_body_bytes": MAX_BODY_BYTES,
+        }
+        values.update(overrides)
+        app = create_app(Settings(**values))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://tffleet") as client:
+                yield Api(client=client, state=app.state.tffleet)
+
+    return open_
+
+
+@pytest.fixture
+async def api(open_api: OpenApi) -> AsyncIterator[Api]:
+    async with open_api() as running:
+        yield running
+
+
+@pytest.fixture
+def client(api: Api) -> httpx.AsyncClient:
+    return api.client
+
+
+# What the database and the broker hold
+
+
+def count_jobs(sessions: Sessions) -> int:
+    with sessions() as session:
+        return int(session.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+def read_job(sessions: Sessions, job_id: str) -> Job:
+    with sessions() as session:
+        job = jobs.get(session=session, job_id=job_id)
+        _ = job.inputs, job.outputs  # deferred: load them before the session closes
+        return job
+
+
+def queued_messages(broker: redis.Redis, queue: str) -> list[dict[str, Any]]:
+    """Celery messages waiting in a queue (a Redis list named like the queue), oldest first."""
+    raw: list[bytes] = broker.lrange(queue, 0, -1)  # type: ignore[assignment]
+    return [orjson.loads(item) for item in reversed(raw)]  # LPUSH: newest at the head
+
+
+def task_args(message: Mapping[str, Any]) -> list[Any]:
+    """The positional arguments of a Celery (protocol 2) message."""
+    assert message["content-type"] == "application/json"
+    assert message["properties"]["body_encoding"] == "base64"
+    args, _kwargs, _embed = orjson.loads(base64.b64decode(message["body"]))
+    return list(args)
+
+
+def broker_lists(broker: redis.Redis) -> list[bytes]:
+    """Every Redis list in the broker's database: a published message sits in one."""
+    return [key for key in broker.scan_iter() if broker.type(key) == b"list"]
+
+
+def assert_nothing_left(sessions: Sessions, broker: redis.Redis) -> None:
+    """An error response never leaves a job behind, nor a wake-up."""
+    assert count_jobs(sessions) == 0
+    assert broker_lists(broker) == []
+
+
+# Playing the worker
+
+
+def finish_job(
+    sessions: Sessions,
+    job_id: str,
+    outputs: Mapping[str, np.ndarray],
+    *,
+    announce_to: str | None = None,
+) -> None:
+    """Claim and complete a job as a worker would; announce it on the channel if asked."""
+    with sessions.begin() as session:
+        (lease,) = jobs.claim(session=session, job_ids=[job_id], owner="test-worker", lease_s=60)
+    with sessions.begin() as session:
+        assert jobs.complete(session=session, results=[(lease, tensors.pack(outputs))]) == 1
+    if announce_to is not None:
+        with redis.Redis.from_url(announce_to) as client:
+            client.publish(JOBS_DONE_CHANNEL, orjson.dumps([job_id]))
+
+
+@pytest.fixture
+def finish_later(sessions: Sessions) -> Iterator[Callable[..., threading.Thread]]:
+    """Finish a job from another thread after `delay_s`, while a request waits on it."""
+    threads: list[threading.Thread] = []
+    errors: list[BaseException] = []
+
+    def start(
+        job_id: str,
+        outputs: Mapping[str, np.ndarray],
+        *,
+        delay_s: float,
+        announce_to: str | None = None,
+    ) -> threading.Thread:
+        def run() -> None:
+            try:
+                time.sleep(delay_s)
+                if announce_to is not None:
+                    _until_subscribed(announce_to)
+                finish_job(sessions, job_id, outputs, announce_to=announce_to)
+            except BaseException as exc:  # surfaced in the test's thread below
+                errors.append(exc)
+
+        thread = threading.Thread(target=run, name=f"finish-{job_id}", daemon=True)
+        threads.append(thread)
+        thread.start()
+        return thread
+
+    yield start
+    for thread in threads:
+        thread.join(timeout=10)
+    if errors:
+        raise errors[0]
+
+
+def _until_subscribed(redis_url: str, timeout_s: float = 5.0) -> None:
+    """The API subscribes in the background at startup: do not announce into the void."""
+    deadline = time.monotonic() + timeout_s
+    with redis.Redis.from_url(redis_url) as client:
+        while time.monotonic() < deadline:
+            counts: Sequence[tuple[bytes, int]] = client.pubsub_numsub(JOBS_DONE_CHANNEL)  # type: ignore[assignment]
+            if counts and counts[0][1] > 0:
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"nobody subscribed to {JOBS_DONE_CHANNEL} within {timeout_s} s")
+
+
+class CheckingPublisher:
+    """Wraps the app's publisher: records what it publishes, and whether each job's row was
+    already committed (visible to another connection) at that moment."""
+
+    def __init__(self, inner: Publisher, sessions: Sessions) -> None:
+        self._inner = inner
+        self._sessions = sessions
+        self.calls: list[tuple[str, int, list[str], bool]] = []
+
+    def publish(self, *, model: str, version: int, job_ids: Sequence[str]) -> bool:
+        with self._sessions() as session:
+            found = jobs.get_many(session=session, job_ids=job_ids)
+        committed = len(found) == len(job_ids)
+        self.calls.append((model, version, list(job_ids), committed))
+        return self._inner.publish(model=model, version=version, job_ids=job_ids)
+
+    def ping(self) -> None:
+        self._inner.ping()

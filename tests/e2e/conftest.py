@@ -1,0 +1,147 @@
+"""Real processes: `tffleet api` and `tffleet worker` started as subprocesses, torn down after."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from db.engine import make_engine
+from tffleet.processes import free_port
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Fleet:
+    """An API and a worker against one database and one Redis database."""
+
+    database_url: str
+    broker_url: str
+    models: Path
+    logs: Path
+    devices: str = "cpu:2"
+    api_port: int = field(default_factory=free_port)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "TFFLEET_DATABASE_URL": self.database_url,
+            "TFFLEET_BROKER_URL": self.broker_url,
+            "TFFLEET_MODEL_REPOSITORY": str(self.models),
+            "TFFLEET_DEVICES": self.devices,
+            "TFFLEET_API_PORT": str(self.api_port),
+            "TFFLEET_MAX_QUEUE_DELAY_MS": "2",
+        }
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        with (self.logs / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tffleet.cli", *args],
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def start_api(self) -> None:
+        self.start("api", "api")
+        self.wait_until(lambda: httpx.get(f"{self.url}/readyz").status_code == 200, "API ready")
+
+    def start_worker(self, *, expect_models: int = 1) -> None:
+        since = datetime.now(UTC)
+        self.start("worker", "worker", "--log-level", "INFO")
+        children = len(self.devices.split(",")) if "," in self.devices else None
+
+        def loaded() -> bool:
+            log = self.log("worker")
+            if children is not None or self.devices.startswith("cpu:"):
+                want = children or int(self.devices.split(":")[1])
+                if log.count(" loaded ") < want * expect_models:
+                    return False
+            models = httpx.get(f"{self.url}/v1/models").json()["models"]
+            fresh = [m for m in models if datetime.fromisoformat(m["registered_at"]) >= since]
+            return len(fresh) >= expect_models
+
+        self.wait_until(loaded, "worker children loaded their models", timeout_s=180)
+
+    def stop(self, name: str, *, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+    def log(self, name: str) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait_until(self, check: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    pytest.fail(
+                        f"{name} exited ({proc.returncode}) waiting for {what}:\n"
+                        f"{self.log(name)[-4000:]}"
+                    )
+            try:
+                if check():
+                    return
+            except (httpx.HTTPError, OSError):
+                pass
+            time.sleep(0.2)
+        logs = "\n".join(f"--- {n}\n{self.log(n)[-3000:]}" for n in self.procs)
+        pytest.fail(f"timed out after {timeout_s}s waiting for {what}\n{logs}")
+
+
+def clean_database(url: str) -> None:
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM jobs"))
+        conn.execute(text("DELETE FROM model_versions"))
+    engine.dispose()
+
+
+@pytest.fixture
+def fleet_factory(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Fleet]]:
+    fleets: list[Fleet] = []
+
+    def make(database_url: str, models: Path, **kwargs: object) -> Fleet:
+        logs = tmp_path / f"logs{len(fleets)}"
+        logs.mkdir()
+        fleet = Fleet(
+            database_url=database_url, broker_url=redis_url, models=models, logs=logs, **kwargs
+        )  # type: ignore[arg-type]
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.stop_all()

@@ -1,0 +1,278 @@
+"""The wire codec (nested lists or base64 envelopes) and the packed blobs stored with a job."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tffleet import tensors
+from tffleet.tensors import DTYPES, TensorError, decode, encode, pack, unpack
+
+SAMPLE = [[1, 0, 3], [4, 5, 1]]
+
+
+def envelope(array: np.ndarray, **overrides: Any) -> dict[str, Any]:
+    raw = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"))).tobytes()
+    value: dict[str, Any] = {
+        "b64": base64.b64encode(raw).decode(),
+        "dtype": array.dtype.name,
+        "shape": list(array.shape),
+    }
+    value.update(overrides)
+    return value
+
+
+# decode: nested lists
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_decode_lists_gives_the_signature_dtype(dtype: str) -> None:
+    value = [[True, False], [False, True]] if dtype == "bool" else SAMPLE
+    array = decode(value, dtype=dtype)
+    assert array.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(array, np.array(value, dtype=dtype))
+
+
+def test_decode_lists_accepts_integers_for_float_inputs() -> None:
+    array = decode([[1, 2.5]], dtype="float32")
+    assert array.dtype == np.float32
+    np.testing.assert_array_equal(array, [[1.0, 2.5]])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint64"])
+def test_decode_lists_rejects_floats_for_integer_inputs(dtype: str) -> None:
+    with pytest.raises(TensorError, match=f"expected integers for dtype {dtype}"):
+        decode([[1, 2.0]], dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype"),
+    [
+        ([128], "int8"),
+        ([-129], "int8"),
+        ([-1], "uint8"),
+        ([256], "uint8"),
+        ([2**31], "int32"),
+        ([2**63], "int64"),
+        ([-1, 2**63], "int64"),  # NumPy reads this mix as float64
+        ([2**64], "uint64"),  # and this one as objects
+        ([[1], [2**100]], "int64"),
+    ],
+)
+def test_decode_lists_rejects_integers_out_of_range(value: list[Any], dtype: str) -> None:
+    with pytest.raises(TensorError, match=f"integer out of range for dtype {dtype}"):
+        decode(value, dtype=dtype)
+
+
+def test_decode_lists_accepts_the_integer_range_limits() -> None:
+    np.testing.assert_array_equal(
+        decode([-(2**63), 2**63 - 1], dtype="int64"), [-(2**63), 2**63 - 1]
+    )
+    assert decode([0, 2**64 - 1], dtype="uint64")[1] == 2**64 - 1
+
+
+@pytest.mark.parametrize(("value", "dtype"), [([1e39], "float32"), ([70000], "float16")])
+def test_decode_lists_rejects_numbers_beyond_a_float_dtype(value: list[Any], dtype: str) -> None:
+    with pytest.raises(TensorError, match=f"out of range for dtype {dtype}"):
+        decode(value, dtype=dtype)
+
+
+def test_decode_lists_of_true_false_only_for_bool_inputs() -> None:
+    np.testing.assert_array_equal(decode([True, False], dtype="bool"), [True, False])
+    with pytest.raises(TensorError, match="true/false"):
+        decode([1, 0], dtype="bool")
+    with pytest.raises(TensorError, match="integers"):
+        decode([True], dtype="int32")
+    with pytest.raises(TensorError, match="numbers"):
+        decode([True], dtype="float32")
+
+
+@pytest.mark.parametrize("value", [[[1, 2], [3]], [[1, 2], 3], [[[1]], [[1, 2]]]])
+def test_decode_lists_rejects_ragged_rows(value: list[Any]) -> None:
+    with pytest.raises(TensorError, match="ragged"):
+        decode(value, dtype="float32")
+
+
+@pytest.mark.parametrize("value", [["a", "b"], [1, "2"], [[1, None]], [{"x": 1}]])
+def test_decode_lists_rejects_strings_and_other_non_numbers(value: list[Any]) -> None:
+    with pytest.raises(TensorError, match="expected numbers of dtype float32"):
+        decode(value, dtype="float32")
+
+
+@pytest.mark.parametrize("value", [1.5, "1,2", None, (1, 2)])
+def test_decode_rejects_what_is_neither_lists_nor_an_envelope(value: Any) -> None:
+    with pytest.raises(TensorError, match="nested lists or a"):
+        decode(value, dtype="float32")
+
+
+def test_decode_empty_lists_keeps_their_shape() -> None:
+    assert decode([], dtype="int32").shape == (0,)
+    array = decode([[], []], dtype="float32")
+    assert (array.shape, array.dtype) == ((2, 0), np.float32)
+
+
+# decode: binary envelopes
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_decode_envelope_of_each_dtype(dtype: str) -> None:
+    original = np.array(SAMPLE, dtype=dtype)
+    array = decode(envelope(original), dtype=dtype)
+    assert array.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(array, original)
+
+
+def test_decode_envelope_reads_little_endian_bytes() -> None:
+    raw = (1).to_bytes(4, "little") + (256).to_bytes(4, "little")
+    value = {"b64": base64.b64encode(raw).decode(), "dtype": "int32", "shape": [2]}
+    np.testing.assert_array_equal(decode(value, dtype="int32"), [1, 256])
+
+
+def test_decode_envelope_of_an_empty_batch() -> None:
+    array = decode(envelope(np.zeros((0, 3), dtype=np.float32)), dtype="float32")
+    assert array.shape == (0, 3)
+
+
+def test_decode_envelope_rejects_a_dtype_other_than_the_signatures() -> None:
+    value = envelope(np.zeros(2, dtype=np.float64))
+    with pytest.raises(TensorError, match="expected dtype float32, got 'float64'"):
+        decode(value, dtype="float32")
+
+
+@pytest.mark.parametrize("b64", ["not base64!", "AAA", "AA==AA==", 12])
+def test_decode_envelope_rejects_bad_base64(b64: Any) -> None:
+    with pytest.raises(TensorError, match="b64"):
+        decode({"b64": b64, "dtype": "uint8", "shape": [2]}, dtype="uint8")
+
+
+def test_decode_envelope_rejects_a_byte_count_that_does_not_fit_the_shape() -> None:
+    value = envelope(np.zeros((2, 3), dtype=np.float32), shape=[2, 4])
+    with pytest.raises(TensorError, match=r"holds 24 bytes but dtype float32 and shape .* need 32"):
+        decode(value, dtype="float32")
+
+
+def test_decode_envelope_rejects_a_huge_shape_whose_int64_product_wraps_to_zero() -> None:
+    value = {"b64": "", "dtype": "uint8", "shape": [2**32, 2**32]}
+    with pytest.raises(TensorError, match="need 18446744073709551616"):
+        decode(value, dtype="uint8")
+
+
+def test_decode_envelope_rejects_an_empty_shape_numpy_cannot_hold() -> None:
+    with pytest.raises(TensorError, match="shape"):
+        decode({"b64": "", "dtype": "uint8", "shape": [0, 2**70]}, dtype="uint8")
+
+
+@pytest.mark.parametrize("shape", [[2, -1], [2.0], "2", [True], None])
+def test_decode_envelope_rejects_a_shape_that_is_not_non_negative_integers(shape: Any) -> None:
+    with pytest.raises(TensorError, match="shape must be a list of non-negative integers"):
+        decode({"b64": "AAA=", "dtype": "uint8", "shape": shape}, dtype="uint8")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"b64": "AA==", "dtype": "uint8"},
+        {"b64": "AA==", "dtype": "uint8", "shape": [1], "extra": 1},
+        {},
+    ],
+)
+def test_decode_envelope_needs_exactly_its_three_keys(value: dict[str, Any]) -> None:
+    with pytest.raises(TensorError, match="exactly the keys b64, dtype and shape"):
+        decode(value, dtype="uint8")
+
+
+def test_decode_envelope_of_bool_accepts_only_zero_and_one_bytes() -> None:
+    good = {"b64": base64.b64encode(b"\x00\x01").decode(), "dtype": "bool", "shape": [2]}
+    np.testing.assert_array_equal(decode(good, dtype="bool"), [False, True])
+    bad = {"b64": base64.b64encode(b"\x00\x02").decode(), "dtype": "bool", "shape": [2]}
+    with pytest.raises(TensorError, match="0 or 1"):
+        decode(bad, dtype="bool")
+
+
+# encode
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("encoding", ["json", "b64"])
+def test_encode_then_decode_gives_back_the_array(dtype: str, encoding: str) -> None:
+    values = [[True, False, True], [False, True, True]] if dtype == "bool" else SAMPLE
+    original = np.array(values, dtype=dtype)
+    array = decode(encode(original, encoding=encoding), dtype=dtype)
+    assert array.dtype == original.dtype
+    np.testing.assert_array_equal(array, original)
+
+
+def test_encode_keeps_float32_values_exactly_through_json() -> None:
+    original = np.array([0.1, 1 / 3, 3.4e38, -1e-30], dtype=np.float32)
+    np.testing.assert_array_equal(decode(encode(original), dtype="float32"), original)
+
+
+def test_encode_b64_writes_little_endian_c_order_bytes() -> None:
+    big_endian = np.array([[1, 2], [3, 4]], dtype=">i4").T  # neither little nor C-ordered
+    value = encode(big_endian, encoding="b64")
+    assert value["dtype"] == "int32" and value["shape"] == [2, 2]
+    raw = base64.b64decode(value["b64"])
+    assert raw == np.array([[1, 3], [2, 4]], dtype="<i4").tobytes()
+
+
+# pack / unpack
+
+
+def test_pack_then_unpack_gives_back_every_tensor() -> None:
+    original: dict[str, np.ndarray] = {
+        "image": np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+        "ids": np.array([[1, -2], [3, 4]], dtype=np.int64),
+        "mask": np.array([True, False]),
+        "half": np.array([0.5, 1.5], dtype=np.float16),
+    }
+    unpacked = unpack(pack(original))
+    assert list(unpacked) == list(original)
+    for name, array in original.items():
+        assert unpacked[name].dtype == array.dtype
+        np.testing.assert_array_equal(unpacked[name], array)
+
+
+def test_pack_then_unpack_keeps_empty_batches_and_scalars() -> None:
+    original: dict[str, np.ndarray] = {
+        "empty": np.zeros((0, 5), dtype=np.float32),
+        "scalar": np.array(7, dtype=np.int32),
+        "zero_wide": np.zeros((3, 0), dtype=np.uint8),
+    }
+    unpacked = unpack(pack(original))
+    for name, array in original.items():
+        assert unpacked[name].shape == array.shape
+        assert unpacked[name].dtype == array.dtype
+    assert int(unpacked["scalar"]) == 7
+    assert unpack(pack({})) == {}
+
+
+def test_pack_of_non_contiguous_and_big_endian_arrays() -> None:
+    array = np.arange(12, dtype=">f8").reshape(3, 4)[:, ::2]
+    unpacked = unpack(pack({"x": array}))["x"]
+    np.testing.assert_array_equal(unpacked, array)
+
+
+def test_unpack_gives_read_only_views() -> None:
+    unpacked = unpack(pack({"x": np.ones(3, dtype=np.float32)}))["x"]
+    assert not unpacked.flags.writeable
+
+
+@pytest.mark.parametrize(
+    "array", [np.array(["a", "b"]), np.array([object(), 1], dtype=object), np.array([1j])]
+)
+def test_pack_refuses_dtypes_it_cannot_unpack(array: np.ndarray) -> None:
+    with pytest.raises(TensorError, match="cannot pack 'x'"):
+        pack({"x": array})
+
+
+def test_unpack_rejects_a_blob_that_is_not_packed() -> None:
+    with pytest.raises(TensorError, match="not a packed tensor blob"):
+        unpack(b"{'x': [1, 2]}")
+
+
+def test_batch_size_is_the_shared_leading_dimension() -> None:
+    assert tensors.batch_size({"a": np.zeros((3, 2)), "b": np.zeros(3)}) == 3
+    assert tensors.batch_size({}) == 0

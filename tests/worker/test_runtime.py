@@ -1,0 +1,203 @@
+"""The real TensorFlow path: a tiny Keras model exported as a SavedModel, loaded and run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import jobs
+from db.models import JobStatus
+from tffleet import tensors
+from worker.batching import Batcher, BatchPolicy
+from worker.repository import ModelConfig, ModelSpec
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+keras = pytest.importorskip("keras")
+runtime = pytest.importorskip("worker.runtime")  # imports TensorFlow
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Exported:
+    model: Any  # the Keras model, to compare against
+    path: Path
+
+
+def export(path: Path, build: Any) -> Exported:
+    keras.utils.set_random_seed(0)
+    model = build()
+    model.export(str(path), format="tf_saved_model", verbose=False)
+    return Exported(model=model, path=path)
+
+
+def mlp() -> Any:
+    inputs = keras.Input(shape=(4,), name="x")
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(3)(hidden))
+
+
+def two_inputs() -> Any:
+    a = keras.Input(shape=(3,), name="a", dtype="float32")
+    b = keras.Input(shape=(2,), name="b", dtype="float32")
+    joined = keras.layers.Concatenate()([a, b])
+    return keras.Model([a, b], keras.layers.Dense(2)(joined))
+
+
+@pytest.fixture(scope="module")
+def mlp_model(tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    return export(tmp_path_factory.mktemp("repo") / "mlp" / "1", mlp)
+
+
+@pytest.fixture(scope="module")
+def two_input_model(tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    return export(tmp_path_factory.mktemp("repo") / "pair" / "1", two_inputs)
+
+
+def spec_for(exported: Exported, **config: Any) -> ModelSpec:
+    return ModelSpec(
+        name=exported.path.parent.name,
+        version=1,
+        path=exported.path,
+        format="saved_model",
+        config=ModelConfig(**config),
+    )
+
+
+def sample(n: int, width: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, width)).astype(np.float32)
+
+
+def test_load_records_the_signature_with_minus_one_for_the_batch(mlp_model: Exported) -> None:
+    loaded = runtime.load(spec_for(mlp_model))
+
+    assert loaded.format == "saved_model"
+    assert loaded.inputs == {"x": {"dtype": "float32", "shape": [-1, 4]}}
+    assert loaded.outputs == {"output_0": {"dtype": "float32", "shape": [-1, 3]}}
+
+
+def test_run_equals_calling_the_keras_model(mlp_model: Exported) -> None:
+    loaded = runtime.load(spec_for(mlp_model))
+    x = sample(5, 4, seed=1)
+
+    out = loaded.run({"x": x})
+
+    assert list(out) == ["output_0"]
+    assert isinstance(out["output_0"], np.ndarray)
+    np.testing.assert_allclose(out["output_0"], np.asarray(mlp_model.model(x)), rtol=1e-5)
+
+
+def test_warm_up_runs_every_bucket_size(mlp_model: Exported) -> None:
+    loaded = runtime.load(spec_for(mlp_model))
+    seen: list[int] = []
+    run = loaded.run
+
+    def recording(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append(len(batch["x"]))
+        return run(batch)
+
+    loaded.run = recording
+
+    seconds = loaded.warm_up((1, 2, 4, 8))
+
+    assert seen == [1, 2, 4, 8]
+    assert seconds > 0
+
+
+def test_a_missing_signature_is_a_clear_error_naming_the_ones_there(mlp_model: Exported) -> None:
+    with pytest.raises(ValueError) as raised:
+        runtime.load(spec_for(mlp_model, signature="predict"))
+
+    message = str(raised.value)
+    assert str(mlp_model.path) in message
+    assert "no signature 'predict'" in message
+    assert "serving_default" in message
+
+
+def test_a_format_other_than_saved_model_is_refused(mlp_model: Exported) -> None:
+    spec = ModelSpec(name="mlp", version=1, path=mlp_model.path, format="keras")
+
+    with pytest.raises(ValueError, match="format 'keras' is not supported yet"):
+        runtime.load(spec)
+
+
+def test_a_model_with_several_inputs_runs_them_by_name(two_input_model: Exported) -> None:
+    loaded = runtime.load(spec_for(two_input_model))
+    a, b = sample(3, 3, seed=2), sample(3, 2, seed=3)
+
+    out = loaded.run({"b": b, "a": a})
+
+    assert loaded.inputs == {
+        "a": {"dtype": "float32", "shape": [-1, 3]},
+        "b": {"dtype": "float32", "shape": [-1, 2]},
+    }
+    (name,) = loaded.outputs
+    np.testing.assert_allclose(out[name], np.asarray(two_input_model.model([a, b])), rtol=1e-5)
+
+
+# through the batcher, with the database
+
+
+def submit(sessions: sessionmaker[Session], arrays: dict[str, np.ndarray], model: str) -> str:
+    (samples,) = {len(v) for v in arrays.values()}
+    new = jobs.NewJob(model=model, version=1, samples=samples, inputs=tensors.pack(arrays))
+    with sessions.begin() as session:
+        return jobs.create(session=session, jobs=[new])[0].id
+
+
+def outputs_of(sessions: sessionmaker[Session], job_id: str) -> dict[str, np.ndarray]:
+    with sessions() as session:
+        job = jobs.get(session=session, job_id=job_id)
+        assert job.status == JobStatus.SUCCEEDED, job.error_message
+        assert job.outputs is not None
+        return tensors.unpack(job.outputs)
+
+
+def run_batch(
+    sessions: sessionmaker[Session], *, model: str, job_ids: list[str], loaded: Any
+) -> None:
+    config: ModelConfig = loaded.spec.config
+    policy = BatchPolicy(
+        max_batch_size=config.max_batch_size,
+        max_queue_delay_ms=0,
+        buckets=config.bucket_sizes(),
+    )
+    batcher = Batcher(sessions=sessions, owner="t1", lease_s=30, notify=lambda _: None)
+    report = batcher.run(model=model, version=1, job_ids=job_ids, runner=loaded, policy=policy)
+    assert report.succeeded == len(job_ids)
+
+
+def test_batching_with_the_real_runtime_gives_each_job_the_models_outputs(
+    sessions: sessionmaker[Session], mlp_model: Exported
+) -> None:
+    loaded = runtime.load(spec_for(mlp_model, max_batch_size=4))
+    xs = [sample(n, 4, seed=n) for n in (1, 2, 6)]  # 9 samples: chunks of 4, 4 and 1
+    ids = [submit(sessions, {"x": x}, "mlp") for x in xs]
+
+    run_batch(sessions, model="mlp", job_ids=ids, loaded=loaded)
+
+    for job_id, x in zip(ids, xs, strict=True):
+        out = outputs_of(sessions, job_id)["output_0"]
+        assert out.shape == (len(x), 3)
+        np.testing.assert_allclose(out, np.asarray(mlp_model.model(x)), rtol=1e-5)
+
+
+def test_batching_keeps_several_inputs_of_each_job_together(
+    sessions: sessionmaker[Session], two_input_model: Exported
+) -> None:
+    loaded = runtime.load(spec_for(two_input_model, max_batch_size=8))
+    pairs = [(sample(n, 3, seed=n), sample(n, 2, seed=10 + n)) for n in (2, 3)]
+    ids = [submit(sessions, {"a": a, "b": b}, "pair") for a, b in pairs]
+    (name,) = loaded.outputs
+
+    run_batch(sessions, model="pair", job_ids=ids, loaded=loaded)
+
+    for job_id, (a, b) in zip(ids, pairs, strict=True):
+        expected = np.asarray(two_input_model.model([a, b]))
+        np.testing.assert_allclose(outputs_of(sessions, job_id)[name], expected, rtol=1e-5)
