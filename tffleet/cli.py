@@ -94,7 +94,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_flower(args: argparse.Namespace) -> int:
     auth = args.basic_auth or os.environ.get("TFFLEET_FLOWER_BASIC_AUTH")
-    argv = [sys.executable, "-m", "celery", "-A", "worker.app", "flower", f"--port={args.port}"]
+    argv = [
+        sys.executable, "-m", "celery", "-A", "worker.app", "flower",
+        f"--address={args.address}", f"--port={args.port}",
+    ]  # fmt: skip
     if auth:
         argv.append(f"--basic-auth={auth}")
     elif not args.no_auth:
@@ -156,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.set_defaults(func=cmd_migrate)
 
     flower = sub.add_parser("flower", help="run Flower, the Celery monitor")
+    flower.add_argument("--address", default="127.0.0.1", help="listen address (default local)")
     flower.add_argument("--port", type=int, default=5555)
     flower.add_argument("--basic-auth", help="user:password (default: TFFLEET_FLOWER_BASIC_AUTH)")
     flower.add_argument("--no-auth", action="store_true", help="allow running without a password")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -16,10 +17,8 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:
     # Linux only: if `tffleet up` is killed outright, the kernel sends its children SIGTERM.
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def free_port() -> int:

@@ -1,0 +1,79 @@
+"""`tffleet up`, the embedded default, run as a new user would run it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tffleet.processes import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _descendants(pid: int) -> set[int]:
+    found = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        parent = re.search(r"^PPid:\s+(\d+)", text, re.M)
+        if parent and int(parent.group(1)) == pid:
+            child = int(status.parent.name)
+            found |= {child} | _descendants(child)
+    return found
+
+
+def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_stops_everything(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    out = tmp_path / "up.log"
+    with out.open("wb") as log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "tffleet.cli", "up", "--data-dir", str(tmp_path / "data"),
+             "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if not k.startswith("TFFLEET_")},
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while "Ctrl-C stops everything" not in out.read_text(errors="replace"):
+            assert up.poll() is None, out.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, out.read_text(errors="replace")[-4000:]
+            time.sleep(0.3)
+        printed = out.read_text(errors="replace")
+        body = re.search(r"-d '(\{.*\})'", printed)
+        assert body, printed[-2000:]
+        assert f"http://127.0.0.1:{port}/v1/jobs" in printed
+        started = _descendants(up.pid)
+
+        # The printed example, sent as curl would send it.
+        submitted = httpx.post(
+            f"http://127.0.0.1:{port}/v1/jobs",
+            content=body.group(1),
+            headers={"Content-Type": "application/json"},
+        )
+        assert submitted.status_code == 202, submitted.text
+        job = httpx.get(
+            f"http://127.0.0.1:{port}/v1/jobs/{submitted.json()['id']}",
+            params={"wait": 30},
+            timeout=40,
+        ).json()
+        assert job["status"] == "succeeded", job
+        assert len(job["outputs"]["output_0"][0]) == 3
+    finally:
+        up.send_signal(signal.SIGINT)
+        code = up.wait(timeout=60)
+    assert code == 0, out.read_text(errors="replace")[-3000:]
+    assert started, "tffleet up started no processes?"
+    leftovers = [pid for pid in started if Path(f"/proc/{pid}").exists()]
+    assert leftovers == [], f"processes left running after Ctrl-C: {leftovers}"
