@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.ingest import Ingestor
 from api.metrics import REQUESTS_REJECTED
 from api.publish import Publisher
 from api.routes import health, jobs, models
@@ -63,20 +64,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = make_engine(settings.database_url)
         sessions = make_sessionmaker(engine)
+        publisher = Publisher(make_celery(settings))
         state = AppState(
             settings=settings,
             engine=engine,
             sessions=sessions,
             reads=make_sessionmaker(readonly(engine)),
-            publisher=Publisher(make_celery(settings)),
+            publisher=publisher,
             waiter=CompletionWaiter(settings.broker_url),
             signatures=SignatureCache(sessions),
+            ingestor=Ingestor(sessions, publisher),
         )
         await state.waiter.start()
+        await state.ingestor.start()
         app.state.tffleet = state
         try:
             yield
         finally:
+            await state.ingestor.stop()
             await state.waiter.stop()
             engine.dispose()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from fastapi import Response
@@ -26,6 +26,26 @@ class JobCreate(BaseModel):
     priority: int = Field(default=0, ge=-1000, le=1000)
 
 
+class JobBatchCreate(BaseModel):
+    """Many jobs in one request: all are validated before any is stored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobCreate] = Field(min_length=1, max_length=10_000)
+
+
+class JobStatusQuery(BaseModel):
+    """A bulk status read: these jobs, in this order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[str] = Field(min_length=1, max_length=10_000)
+    wait: float = Field(
+        default=0, ge=0, le=30, description="Hold until one of the unfinished jobs ends, seconds."
+    )
+    encoding: Literal["json", "b64"] = "json"
+
+
 class JobError(BaseModel):
     code: str
     message: str
@@ -46,6 +66,10 @@ class JobOut(BaseModel):
     error: JobError | None
     outputs: dict[str, Tensor] | None
     worker: str | None = Field(default=None, description="The worker child that ran it last.")
+
+
+class JobBatchOut(BaseModel):
+    jobs: list[JobOut]
 
 
 class JobList(BaseModel):
@@ -74,7 +98,7 @@ class ModelList(BaseModel):
     models: list[ModelOut]
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso_utc(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value is not None else None
 
 
@@ -92,9 +116,9 @@ def job_out(job: Job, *, encoding: str = "json", with_outputs: bool = True) -> d
         "version": job.version,
         "status": job.status,
         "priority": job.priority,
-        "created_at": _iso(job.created_at),
-        "started_at": _iso(job.started_at),
-        "finished_at": _iso(job.finished_at),
+        "created_at": iso_utc(job.created_at),
+        "started_at": iso_utc(job.started_at),
+        "finished_at": iso_utc(job.finished_at),
         "attempts": job.attempts,
         "error": (
             {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.ingest import Ingestor
 from api.publish import Publisher
 from api.waiter import CompletionWaiter
 from db import registry
@@ -48,6 +49,7 @@ class AppState:
     publisher: Publisher
     waiter: CompletionWaiter
     signatures: SignatureCache
+    ingestor: Ingestor
 
 
 def get_state(request: Request) -> AppState:

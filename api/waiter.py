@@ -40,18 +40,23 @@ class CompletionWaiter:
                 await self._task
 
     @contextlib.contextmanager
-    def watch(self, job_id: str) -> Iterator[asyncio.Event]:
-        """Register interest before reading the database, so no announcement slips between."""
+    def watch(self, *job_ids: str) -> Iterator[asyncio.Event]:
+        """Register interest before reading the database, so no announcement slips between.
+
+        The event is set when any of `job_ids` is announced.
+        """
         event = asyncio.Event()
-        self._waiters[job_id].add(event)
+        for job_id in job_ids:
+            self._waiters[job_id].add(event)
         try:
             yield event
         finally:
-            waiting = self._waiters.get(job_id)
-            if waiting is not None:
-                waiting.discard(event)
-                if not waiting:
-                    del self._waiters[job_id]
+            for job_id in job_ids:
+                waiting = self._waiters.get(job_id)
+                if waiting is not None:
+                    waiting.discard(event)
+                    if not waiting:
+                        del self._waiters[job_id]
 
     def _wake(self, job_ids: list[str]) -> None:
         for job_id in job_ids:

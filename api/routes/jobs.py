@@ -1,30 +1,42 @@
-"""Submit, poll (with long-poll), cancel and list jobs."""
+"""Submit (one or many), poll (with long-poll), bulk status, cancel and list jobs."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
+from sqlalchemy import select
 from sqlalchemy.orm import undefer
 
 from api.body import read_json
-from api.metrics import JOBS_SUBMITTED, PUBLISH_FAILURES, SUBMIT_SECONDS
-from api.schemas import JobCreate, JobList, JobOut, job_out, json_response
+from api.metrics import SUBMIT_SECONDS
+from api.schemas import (
+    JobBatchCreate,
+    JobBatchOut,
+    JobCreate,
+    JobList,
+    JobOut,
+    JobStatusQuery,
+    job_out,
+    json_response,
+)
 from api.state import AppState, StateDep
 from api.validation import validate_inputs
 from db import jobs
 from db.models import FINISHED, Job, JobStatus
 from tffleet import tensors
-from tffleet.errors import InvalidInput, JobNotFound
+from tffleet.errors import InvalidInput, JobNotFound, TffleetError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 Encoding = Literal["json", "b64"]
+_FINISHED = {status.value for status in FINISHED}
 
 
 def _field_errors(error: ValidationError) -> str:
@@ -35,49 +47,91 @@ def _field_errors(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-@router.post("", status_code=202, response_model=JobOut)
-async def submit(request: Request, state: StateDep) -> Response:
-    """Validate a job against its model's signature, store it, and wake a worker."""
-    started = time.perf_counter()
-    body = await read_json(request, max_bytes=state.settings.max_body_bytes)
+def _parse(model: type[JobCreate] | type[JobBatchCreate], body: Any) -> Any:
     try:
-        spec = JobCreate.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
         raise InvalidInput(_field_errors(exc)) from None
-    out = await run_in_threadpool(_submit, state, spec)
+
+
+@router.post("", status_code=202, response_model=JobOut | JobBatchOut)
+async def submit(request: Request, state: StateDep) -> Response:
+    """Validate jobs against their model's signature, store them, and wake a worker.
+
+    The body is one job, or `{"jobs": [job, ...]}` to submit many at once (all or none).
+    """
+    started = time.perf_counter()
+    body = await read_json(request, max_bytes=state.settings.max_body_bytes)
+    many = isinstance(body, dict) and "jobs" in body
+    specs = _parse(JobBatchCreate, body).jobs if many else [_parse(JobCreate, body)]
+    new = await run_in_threadpool(_prepare, state, specs, many)
+    outs = await state.ingestor.submit(new)
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
-    return json_response(out, 202)
+    return json_response({"jobs": outs} if many else outs[0], 202)
 
 
-def _submit(state: AppState, spec: JobCreate) -> dict[str, Any]:
-    signature = state.signatures.resolve(spec.model, spec.version)
-    arrays, samples = validate_inputs(spec.inputs, signature=signature["inputs"], model=spec.model)
-    new = jobs.NewJob(
-        model=signature["name"],
-        version=signature["version"],
-        samples=samples,
-        inputs=tensors.pack(arrays),
-        priority=spec.priority,
-    )
-    # Commit first, then publish: a wake-up never names a job the database does not have.
-    with state.sessions.begin() as session:
-        (job,) = jobs.create(session=session, jobs=[new])
-        out = job_out(job, with_outputs=False)
-    JOBS_SUBMITTED.labels(model=new.model).inc()
-    if not state.publisher.publish(model=new.model, version=new.version, job_ids=[job.id]):
-        PUBLISH_FAILURES.inc()
-    return out
+def _prepare(state: AppState, specs: Sequence[JobCreate], many: bool) -> list[jobs.NewJob]:
+    """Check every job against its signature before anything is stored."""
+    prepared = []
+    for index, spec in enumerate(specs):
+        try:
+            signature = state.signatures.resolve(spec.model, spec.version)
+            arrays, samples = validate_inputs(
+                spec.inputs, signature=signature["inputs"], model=spec.model
+            )
+        except TffleetError as exc:
+            if many:
+                exc.message = f"jobs[{index}]: {exc.message}"
+            raise
+        prepared.append(
+            jobs.NewJob(
+                model=signature["name"],
+                version=signature["version"],
+                samples=samples,
+                inputs=tensors.pack(arrays),
+                priority=spec.priority,
+            )
+        )
+    return prepared
 
 
-def _read(state: AppState, job_id: str, encoding: Encoding) -> dict[str, Any]:
+def _read_many(state: AppState, job_ids: Sequence[str], encoding: Encoding) -> list[dict[str, Any]]:
     with state.reads() as session:
-        job = session.get(Job, job_id, options=[undefer(Job.outputs)])
-        if job is None:
-            raise JobNotFound(f"job {job_id!r} not found")
-        return job_out(job, encoding=encoding)
+        found = {
+            job.id: job
+            for job in session.scalars(
+                select(Job).where(Job.id.in_(job_ids)).options(undefer(Job.outputs))
+            )
+        }
+        missing = [job_id for job_id in job_ids if job_id not in found]
+        if missing:
+            shown = ", ".join(repr(m) for m in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise JobNotFound(f"job {shown}{more} not found")
+        return [job_out(found[job_id], encoding=encoding) for job_id in job_ids]
 
 
-_FINISHED = {status.value for status in FINISHED}
+async def _wait_for(
+    state: AppState, job_ids: Sequence[str], *, wait_s: float, encoding: Encoding
+) -> list[dict[str, Any]]:
+    """Read the jobs; hold until one that was unfinished ends, or `wait_s` passes."""
+    outs = await run_in_threadpool(_read_many, state, job_ids, encoding)
+    pending = [out["id"] for out in outs if out["status"] not in _FINISHED]
+    if wait_s <= 0 or not pending:
+        return outs
+    deadline = asyncio.get_running_loop().time() + wait_s
+    with state.waiter.watch(*pending) as ended:
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return await run_in_threadpool(_read_many, state, job_ids, encoding)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), min(remaining, state.waiter.recheck_s))
+            ended.clear()
+            # Woken by an announcement, or by the periodic re-check: the database decides.
+            outs = await run_in_threadpool(_read_many, state, job_ids, encoding)
+            if any(out["status"] in _FINISHED for out in outs if out["id"] in pending):
+                return outs
 
 
 @router.get("/{job_id}", response_model=JobOut)
@@ -88,18 +142,20 @@ async def get_job(
     encoding: Annotated[Encoding, Query(description="`b64`: binary outputs.")] = "json",
 ) -> Response:
     """A job; with `wait`, held until it finishes or `wait` seconds pass."""
-    if wait <= 0:
-        return json_response(await run_in_threadpool(_read, state, job_id, encoding))
-    deadline = asyncio.get_running_loop().time() + wait
-    with state.waiter.watch(job_id) as ended:
-        while True:
-            ended.clear()
-            out = await run_in_threadpool(_read, state, job_id, encoding)
-            remaining = deadline - asyncio.get_running_loop().time()
-            if out["status"] in _FINISHED or remaining <= 0:
-                return json_response(out)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ended.wait(), min(remaining, state.waiter.recheck_s))
+    (out,) = await _wait_for(state, [job_id], wait_s=wait, encoding=encoding)
+    return json_response(out)
+
+
+@router.post("/status", response_model=JobBatchOut)
+async def status_many(request: Request, state: StateDep) -> Response:
+    """Many jobs by id, in the order given; with `wait`, held until one of them ends."""
+    body = await read_json(request, max_bytes=state.settings.max_body_bytes)
+    try:
+        query = JobStatusQuery.model_validate(body)
+    except ValidationError as exc:
+        raise InvalidInput(_field_errors(exc)) from None
+    outs = await _wait_for(state, query.ids, wait_s=query.wait, encoding=query.encoding)
+    return json_response({"jobs": outs})
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut)
@@ -128,9 +184,7 @@ async def list_jobs(
             found, next_cursor = jobs.list_jobs(
                 session=session, status=status, model=model, limit=limit, cursor=cursor
             )
-            return {
-                "jobs": [job_out(j, with_outputs=False) for j in found],
-                "next_cursor": next_cursor,
-            }
+            page = [job_out(job, with_outputs=False) for job in found]
+            return {"jobs": page, "next_cursor": next_cursor}
 
     return json_response(await run_in_threadpool(run))

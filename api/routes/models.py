@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 
-from api.schemas import ModelList, json_response
+from api.schemas import ModelList, iso_utc, json_response
 from api.state import StateDep
 from db import registry
 
@@ -26,7 +26,7 @@ async def list_models(state: StateDep) -> Response:
                     "inputs": m.inputs,
                     "outputs": m.outputs,
                     "config": m.config,
-                    "registered_at": m.registered_at,
+                    "registered_at": iso_utc(m.registered_at),
                 }
                 for m in registry.list_versions(session=session)
             ]
