@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.ingest import Ingestor
+from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED
 from api.publish import Publisher
 from api.routes import health, jobs, models
@@ -62,25 +62,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(settings.database_url)
+        # Enough connections for every threadpool worker: an overflow connection is opened and
+        # closed per use, which costs more than the query on SQLite.
+        engine = make_engine(settings.database_url, pool_size=20, max_overflow=40)
         sessions = make_sessionmaker(engine)
         publisher = Publisher(make_celery(settings))
+        reads = make_sessionmaker(readonly(engine))
         state = AppState(
             settings=settings,
             engine=engine,
             sessions=sessions,
-            reads=make_sessionmaker(readonly(engine)),
+            reads=reads,
             publisher=publisher,
             waiter=CompletionWaiter(settings.broker_url),
             signatures=SignatureCache(sessions),
             ingestor=Ingestor(sessions, publisher),
+            reader=JobReader(reads),
         )
         await state.waiter.start()
         await state.ingestor.start()
+        await state.reader.start()
         app.state.tffleet = state
         try:
             yield
         finally:
+            await state.reader.stop()
             await state.ingestor.stop()
             await state.waiter.stop()
             engine.dispose()

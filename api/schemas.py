@@ -8,6 +8,7 @@ from typing import Any, Literal
 import orjson
 from fastapi import Response
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Row
 
 from db.models import Job, JobStatus
 from tffleet import tensors
@@ -102,8 +103,10 @@ def iso_utc(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value is not None else None
 
 
-def job_out(job: Job, *, encoding: str = "json", with_outputs: bool = True) -> dict[str, Any]:
-    """The JSON form of a job row. Built by hand: this is the hottest path of a poll."""
+def job_out(
+    job: Job | Row[Any], *, encoding: str = "json", with_outputs: bool = True
+) -> dict[str, Any]:
+    """The JSON form of a job (an ORM object or a plain row). Built by hand: a poll's hot path."""
     outputs = None
     if with_outputs and job.status == JobStatus.SUCCEEDED.value and job.outputs is not None:
         outputs = {

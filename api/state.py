@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.ingest import Ingestor
+from api.ingest import Ingestor, JobReader
 from api.publish import Publisher
 from api.waiter import CompletionWaiter
 from db import registry
@@ -28,11 +28,18 @@ class SignatureCache:
         default_factory=dict
     )
 
-    def resolve(self, name: str, version: int | None) -> dict[str, Any]:
-        key = (name, version)
-        hit = self._entries.get(key)
+    def cached(self, name: str, version: int | None) -> dict[str, Any] | None:
+        """The signature if known and fresh, without touching the database."""
+        hit = self._entries.get((name, version))
         if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
             return hit[1]
+        return None
+
+    def resolve(self, name: str, version: int | None) -> dict[str, Any]:
+        key = (name, version)
+        hit = self.cached(name, version)
+        if hit is not None:
+            return hit
         with self.sessions() as session:
             found: ModelVersion = registry.resolve(session=session, name=name, version=version)
             entry = {"name": found.name, "version": found.version, "inputs": found.inputs}
@@ -50,11 +57,17 @@ class AppState:
     waiter: CompletionWaiter
     signatures: SignatureCache
     ingestor: Ingestor
+    reader: JobReader
 
 
 def get_state(request: Request) -> AppState:
     state: AppState = request.app.state.tffleet
     return state
+
+
+def state_of(request: Request) -> AppState:
+    """The same as the `StateDep` dependency, for the hot routes that skip dependency solving."""
+    return get_state(request)
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

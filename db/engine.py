@@ -42,8 +42,10 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        readonly = conn.get_execution_options().get("tffleet_readonly", False)
-        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+        # A read-only session needs no explicit transaction: in WAL mode each SELECT reads a
+        # consistent snapshot on its own, and skipping BEGIN saves a round trip per read.
+        if not conn.get_execution_options().get("tffleet_readonly", False):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 

@@ -38,7 +38,9 @@ def make_celery(settings: Settings) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
         task_default_queue=f"{QUEUE_PREFIX}default",
         worker_hijack_root_logger=False,
-        worker_send_task_events=True,
+        # Task events cost the main process about as much as the task itself; Flower switches
+        # them on when it connects (its `enable_events`), so they are off until someone looks.
+        worker_send_task_events=False,
         task_send_sent_event=False,
     )
     return app

@@ -11,8 +11,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
-from sqlalchemy import select
-from sqlalchemy.orm import undefer
 
 from api.body import read_json
 from api.metrics import SUBMIT_SECONDS
@@ -26,12 +24,12 @@ from api.schemas import (
     job_out,
     json_response,
 )
-from api.state import AppState, StateDep
+from api.state import AppState, StateDep, state_of
 from api.validation import validate_inputs
 from db import jobs
-from db.models import FINISHED, Job, JobStatus
+from db.models import FINISHED, JobStatus
 from tffleet import tensors
-from tffleet.errors import InvalidInput, JobNotFound, TffleetError
+from tffleet.errors import InvalidInput, TffleetError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -54,18 +52,46 @@ def _parse(model: type[JobCreate] | type[JobBatchCreate], body: Any) -> Any:
         raise InvalidInput(_field_errors(exc)) from None
 
 
-@router.post("", status_code=202, response_model=JobOut | JobBatchOut)
-async def submit(request: Request, state: StateDep) -> Response:
+# Bodies up to this size are validated on the event loop: a thread hop would cost more.
+_INLINE_BODY_BYTES = 64 * 1024
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobOut | JobBatchOut,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "anyOf": [
+                            {"$ref": "#/components/schemas/JobCreate"},
+                            {"$ref": "#/components/schemas/JobBatchCreate"},
+                        ]
+                    }
+                }
+            },
+        }
+    },
+)
+async def submit(request: Request) -> Response:
     """Validate jobs against their model's signature, store them, and wake a worker.
 
     The body is one job, or `{"jobs": [job, ...]}` to submit many at once (all or none).
     """
     started = time.perf_counter()
+    state = state_of(request)
     body = await read_json(request, max_bytes=state.settings.max_body_bytes)
     many = isinstance(body, dict) and "jobs" in body
     specs = _parse(JobBatchCreate, body).jobs if many else [_parse(JobCreate, body)]
-    new = await run_in_threadpool(_prepare, state, specs, many)
-    outs = await state.ingestor.submit(new)
+    small = int(request.headers.get("content-length") or _INLINE_BODY_BYTES) < _INLINE_BODY_BYTES
+    if small and all(state.signatures.cached(s.model, s.version) for s in specs):
+        new = _prepare(state, specs, many)
+    else:
+        new = await run_in_threadpool(_prepare, state, specs, many)
+    outs = await state.ingestor(new)
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
     return json_response({"jobs": outs} if many else outs[0], 202)
 
@@ -95,54 +121,40 @@ def _prepare(state: AppState, specs: Sequence[JobCreate], many: bool) -> list[jo
     return prepared
 
 
-def _read_many(state: AppState, job_ids: Sequence[str], encoding: Encoding) -> list[dict[str, Any]]:
-    with state.reads() as session:
-        found = {
-            job.id: job
-            for job in session.scalars(
-                select(Job).where(Job.id.in_(job_ids)).options(undefer(Job.outputs))
-            )
-        }
-        missing = [job_id for job_id in job_ids if job_id not in found]
-        if missing:
-            shown = ", ".join(repr(m) for m in missing[:5])
-            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            raise JobNotFound(f"job {shown}{more} not found")
-        return [job_out(found[job_id], encoding=encoding) for job_id in job_ids]
-
-
 async def _wait_for(
     state: AppState, job_ids: Sequence[str], *, wait_s: float, encoding: Encoding
 ) -> list[dict[str, Any]]:
     """Read the jobs; hold until one that was unfinished ends, or `wait_s` passes."""
-    outs = await run_in_threadpool(_read_many, state, job_ids, encoding)
-    pending = [out["id"] for out in outs if out["status"] not in _FINISHED]
-    if wait_s <= 0 or not pending:
-        return outs
+    if wait_s <= 0:
+        return await state.reader((job_ids, encoding))
     deadline = asyncio.get_running_loop().time() + wait_s
-    with state.waiter.watch(*pending) as ended:
-        while True:
+    # Watch before the first read: an announcement between the two would otherwise be missed.
+    with state.waiter.watch(*job_ids) as ended:
+        outs = await state.reader((job_ids, encoding))
+        pending = {out["id"] for out in outs if out["status"] not in _FINISHED}
+        while pending:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
-                return await run_in_threadpool(_read_many, state, job_ids, encoding)
+                break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ended.wait(), min(remaining, state.waiter.recheck_s))
             ended.clear()
             # Woken by an announcement, or by the periodic re-check: the database decides.
-            outs = await run_in_threadpool(_read_many, state, job_ids, encoding)
+            outs = await state.reader((job_ids, encoding))
             if any(out["status"] in _FINISHED for out in outs if out["id"] in pending):
-                return outs
+                break
+        return outs
 
 
 @router.get("/{job_id}", response_model=JobOut)
 async def get_job(
     job_id: str,
-    state: StateDep,
+    request: Request,
     wait: Annotated[float, Query(ge=0, le=30, description="Hold until the job ends, seconds.")] = 0,
     encoding: Annotated[Encoding, Query(description="`b64`: binary outputs.")] = "json",
 ) -> Response:
     """A job; with `wait`, held until it finishes or `wait` seconds pass."""
-    (out,) = await _wait_for(state, [job_id], wait_s=wait, encoding=encoding)
+    (out,) = await _wait_for(state_of(request), [job_id], wait_s=wait, encoding=encoding)
     return json_response(out)
 
 
