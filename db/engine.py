@@ -21,7 +21,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     url = normalize_url(url)
     if make_url(url).get_backend_name() == "sqlite":
         return _sqlite_engine(url, **kwargs)
-    return create_engine(url, pool_pre_ping=True, **kwargs)
+    # No pre-ping: it costs a round trip per transaction. After a server restart the first use of
+    # a dead connection fails (a 503, or a task retry) and SQLAlchemy then replaces the whole pool.
+    return create_engine(url, pool_recycle=1800, **kwargs)
 
 
 def _sqlite_engine(url: str, **kwargs: Any) -> Engine:

@@ -17,11 +17,12 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, bindparam, select, update
+from sqlalchemy import ColumnElement, Row, Table, and_, bindparam, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from db.models import Job, JobStatus
+from db.models import FINISHED, Job, JobStatus
 from tffleet.errors import InvalidRequest, JobAlreadyFinished, JobNotFound
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
@@ -92,6 +93,7 @@ class Lease:
     samples: int
     priority: int
     inputs: bytes
+    created_at: datetime | None = None  # for the queue-wait metric
 
 
 def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
@@ -122,6 +124,17 @@ def get(*, session: Session, job_id: str) -> Job:
     if job is None:
         raise JobNotFound(f"job {job_id!r} not found")
     return job
+
+
+_FETCH_COLUMNS = [c for c in _jobs.c if c.name != "inputs"]
+_FETCH = select(*_FETCH_COLUMNS).where(_jobs.c.id.in_(bindparam("ids", expanding=True)))
+
+
+def fetch(*, session: Session, job_ids: Sequence[str]) -> dict[str, Row[Any]]:
+    """Jobs by id (outputs included, inputs not), as plain rows: the cheap read of a poll."""
+    if not job_ids:
+        return {}
+    return {row.id: row for row in session.execute(_FETCH, {"ids": list(job_ids)})}
 
 
 def get_many(*, session: Session, job_ids: Sequence[str]) -> list[Job]:
@@ -178,7 +191,14 @@ def _claim_ids(
             worker=worker,
             started_at=now,
         )
-        .returning(_jobs.c.id, _jobs.c.attempts, _jobs.c.samples, _jobs.c.priority, _jobs.c.inputs)
+        .returning(
+            _jobs.c.id,
+            _jobs.c.attempts,
+            _jobs.c.samples,
+            _jobs.c.priority,
+            _jobs.c.inputs,
+            _jobs.c.created_at,
+        )
     )
     rows = session.execute(stmt).all()
     return [
@@ -189,6 +209,7 @@ def _claim_ids(
             samples=row.samples,
             priority=row.priority,
             inputs=row.inputs,
+            created_at=row.created_at,
         )
         for row in rows
     ]
@@ -214,10 +235,12 @@ def claim_next(
     lease_s: float,
     max_samples: int,
     worker: str = "",
+    take_oversized: bool = True,
 ) -> list[Lease]:
     """Claim queued jobs of one model version, by priority then age, up to `max_samples` samples.
 
-    A job larger than `max_samples` is taken only alone (the worker runs it in chunks).
+    A job larger than `max_samples` is taken only alone (the worker runs it in chunks), and only
+    with `take_oversized` (a caller that already holds jobs passes False: it has room for less).
     """
     if max_samples <= 0:
         return []
@@ -238,7 +261,7 @@ def claim_next(
         if row.samples <= room:
             chosen.append(row.id)
             room -= row.samples
-        elif not chosen:
+        elif not chosen and take_oversized:
             chosen.append(row.id)
             break
         if room == 0:
@@ -357,3 +380,129 @@ def cancel(*, session: Session, job_id: str) -> Job:
 
 
 _ENDED_ON_ITS_OWN = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})
+
+
+# The sweeper's side of the state machine: leases whose worker vanished, wake-ups that were lost,
+# results past their retention.
+
+JobGroups = dict[tuple[str, int], list[str]]
+"""Job ids by (model, version): what one wake-up message can name."""
+
+
+@dataclass(frozen=True)
+class ExpiredLeases:
+    requeued: JobGroups  # back to queued, to be published again
+    failed: list[str]  # ended `worker_lost`: their attempt budget is used
+
+    @property
+    def count(self) -> int:
+        return sum(len(ids) for ids in self.requeued.values()) + len(self.failed)
+
+
+def expire_leases(
+    *, session: Session, now: datetime | None = None, max_attempts: int, limit: int = 1000
+) -> ExpiredLeases:
+    """Take back running jobs whose lease ran out before `now` (at most `limit` of them).
+
+    A job that has been claimed `max_attempts` times ends `failed` (`worker_lost`), so a job that
+    kills its worker cannot loop forever; the others go back to `queued`. Each row moves only if
+    it is still running on an expired lease when the UPDATE reaches it, so a heartbeat or a
+    result that lands first wins, and a result that lands later no longer matches its fence.
+    """
+    now = now or utcnow()
+    expired = _jobs.c.status == JobStatus.RUNNING.value, _jobs.c.lease_expires_at < now
+    # Lock in id order (as `_fenced_update` does) and skip rows a worker is writing right now:
+    # they are no longer expired once it commits, or are picked up by the next sweep.
+    rows = session.execute(
+        select(_jobs.c.id, _jobs.c.attempts)
+        .where(*expired)
+        .order_by(_jobs.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+    if not rows:
+        return ExpiredLeases(requeued={}, failed=[])
+    cleared = {"lease_owner": None, "lease_expires_at": None}
+    failed: list[str] = []
+    for attempts in sorted({row.attempts for row in rows if row.attempts >= max_attempts}):
+        ids = [row.id for row in rows if row.attempts == attempts]
+        failed += session.scalars(
+            update(_jobs)
+            .where(_jobs.c.id.in_(ids), _jobs.c.attempts == attempts, *expired)
+            .values(
+                status=JobStatus.FAILED.value,
+                error_code="worker_lost",
+                error_message=(
+                    f"worker lost {attempts} times: each attempt's lease expired without a "
+                    f"result (TFFLEET_MAX_ATTEMPTS={max_attempts})"
+                ),
+                finished_at=now,
+                **cleared,
+            )
+            .returning(_jobs.c.id)
+        ).all()
+    retry = [row.id for row in rows if row.attempts < max_attempts]
+    requeued: JobGroups = {}
+    if retry:
+        moved = session.execute(
+            update(_jobs)
+            .where(_jobs.c.id.in_(retry), _jobs.c.attempts < max_attempts, *expired)
+            .values(status=JobStatus.QUEUED.value, **cleared)
+            .returning(_jobs.c.id, _jobs.c.model, _jobs.c.version)
+        ).all()
+        for row in sorted(moved, key=lambda row: row.id):
+            requeued.setdefault((row.model, row.version), []).append(row.id)
+    return ExpiredLeases(requeued=requeued, failed=sorted(failed))
+
+
+def stale_queued(*, session: Session, older_than: datetime, limit: int) -> JobGroups:
+    """Queued jobs whose last wake-up (the submit's, or the sweeper's) was before `older_than`.
+
+    Oldest jobs first, at most `limit`. Such a job may still have a message waiting in Redis
+    behind a backlog; publishing it again is harmless (a claim takes a job once).
+    """
+    last_wakeup = func.coalesce(_jobs.c.published_at, _jobs.c.created_at)
+    rows = session.execute(
+        select(_jobs.c.id, _jobs.c.model, _jobs.c.version)
+        .where(_jobs.c.status == JobStatus.QUEUED.value, last_wakeup < older_than)
+        .order_by(_jobs.c.id)
+        .limit(limit)
+    ).all()
+    groups: JobGroups = {}
+    for row in rows:
+        groups.setdefault((row.model, row.version), []).append(row.id)
+    return groups
+
+
+def mark_published(*, session: Session, job_ids: Sequence[str], at: datetime) -> int:
+    """Record that a wake-up naming these jobs was published at `at` (those still queued)."""
+    if not job_ids:
+        return 0
+    result = session.execute(
+        update(_jobs)
+        .where(_jobs.c.id.in_(job_ids), _jobs.c.status == JobStatus.QUEUED.value)
+        .values(published_at=at)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def purge_finished(*, session: Session, older_than: datetime, limit: int) -> int:
+    """Delete at most `limit` jobs that finished before `older_than`; returns how many.
+
+    One bounded chunk per call, so the caller can commit between chunks and no transaction
+    holds a large part of the table.
+    """
+    chunk = (
+        select(_jobs.c.id)
+        .where(
+            _jobs.c.status.in_([status.value for status in FINISHED]),
+            _jobs.c.finished_at < older_than,
+        )
+        .order_by(_jobs.c.finished_at)
+        .limit(limit)
+    )
+    ids = list(session.scalars(chunk))
+    if not ids:
+        return 0
+    result = session.execute(delete(_jobs).where(_jobs.c.id.in_(ids)))
+    return int(result.rowcount)  # type: ignore[attr-defined]

@@ -69,12 +69,17 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # When the sweeper last published a wake-up for this queued job; null when only the submit
+    # did (its wake-up is then as old as created_at).
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
     __table_args__ = (
         # The worker's top-up query: queued jobs of one model version, by priority then age.
         Index("ix_jobs_pick", "model", "version", "status", "priority", "id"),
         Index("ix_jobs_status_id", "status", "id"),
         Index("ix_jobs_lease", "status", "lease_expires_at"),
+        # The sweeper's purge: finished jobs, oldest first.
+        Index("ix_jobs_finished_at", "finished_at"),
     )
 
 

@@ -52,6 +52,9 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     _apply_overrides(devices=args.devices, model_repository=args.model_repository)
+    from worker import exporter
+
+    exporter.prepare_multiprocess_dir()  # before anything imports prometheus_client
     from tffleet.devices import parse_devices
     from tffleet.settings import get_settings
     from worker.app import QUEUE_PREFIX, celery_app, queue_for
@@ -79,6 +82,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         f"models {names}",
         flush=True,
     )
+    exporter.serve(settings.worker_metrics_port)
     celery_app.worker_main(
         [
             "worker",
@@ -108,6 +112,37 @@ def cmd_flower(args: argparse.Namespace) -> int:
         )
         return 2
     os.execv(sys.executable, argv)
+
+
+def cmd_sweeper(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    import redis
+    from prometheus_client import start_http_server
+
+    from api.publish import Publisher
+    from db.engine import make_engine, make_sessionmaker
+    from tffleet.settings import get_settings
+    from worker.app import celery_app
+    from worker.sweeper import Sweeper
+
+    settings = get_settings()
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.metrics_address)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
+    engine = make_engine(settings.database_url, pool_size=1)
+    sweeper = Sweeper(make_sessionmaker(engine), Publisher(celery_app), settings, client)
+    print(f"tffleet: sweeper, every {settings.sweep_interval_s:g}s", flush=True)
+    try:
+        sweeper.run(stop)
+    finally:
+        engine.dispose()
+        client.close()
+    return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -154,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--models", help="comma-separated subset of the repository's models")
     worker.add_argument("--log-level", default="INFO")
     worker.set_defaults(func=cmd_worker)
+
+    sweeper = sub.add_parser(
+        "sweeper", help="requeue jobs of lost workers, republish lost wake-ups, purge old results"
+    )
+    sweeper.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    sweeper.add_argument("--metrics-address", default="127.0.0.1")
+    sweeper.set_defaults(func=cmd_sweeper)
 
     migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
     migrate.set_defaults(func=cmd_migrate)

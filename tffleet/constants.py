@@ -2,3 +2,6 @@
 
 # Workers publish the ids of jobs that ended (a JSON list) here; the API's long-polls listen.
 JOBS_DONE_CHANNEL = "tffleet:jobs:done"
+
+# Held by the one active sweeper (a redis-py Lock with an expiry, extended every sweep).
+SWEEPER_LOCK_KEY = "tffleet:sweeper:lock"

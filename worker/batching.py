@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import jobs
 from db.jobs import Lease
 from tffleet import tensors
+from worker import metrics
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,9 @@ class Batcher:
     owner: str
     lease_s: float
     notify: Callable[[Sequence[str]], None]
+    _held: list[Lease] = field(default_factory=list, init=False, repr=False)
+    _beat_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _beater: threading.Thread | None = field(default=None, init=False, repr=False)
 
     def run(
         self,
@@ -80,8 +84,11 @@ class Batcher:
         report = BatchReport(claimed=len(leases), samples=sum(lease.samples for lease in leases))
         if not leases:
             return report
+        _observe_claim(model, leases)
+        started = time.perf_counter()
         with self._heartbeat(leases):
             outcomes = run_leases(leases, runner=runner, policy=policy)
+        metrics.BATCH_SECONDS.labels(model).observe(time.perf_counter() - started)
         succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
         failed = [(lease, out) for lease, out in outcomes if isinstance(out, str)]
         with self.sessions.begin() as session:
@@ -91,29 +98,40 @@ class Batcher:
                     session=session, leases=[lease], code="model_error", message=message
                 )
         report.succeeded, report.failed = len(succeeded), len(failed)
+        metrics.JOBS_FINISHED.labels(model, "succeeded").inc(report.succeeded)
+        metrics.JOBS_FINISHED.labels(model, "failed").inc(report.failed)
         self.notify([lease.job_id for lease in leases])
         return report
 
     def _claim(
         self, *, model: str, version: int, job_ids: Sequence[str], policy: BatchPolicy
     ) -> list[Lease]:
-        with self.sessions.begin() as session:
-            leases = jobs.claim(
-                session=session, job_ids=job_ids, owner=self.owner, lease_s=self.lease_s
-            )
-        # Top up with other queued jobs of this model version (priority, then age), waiting at
-        # most max_queue_delay_ms for more to arrive.
+        """The named jobs still queued, topped up with other queued jobs of this model version
+        (priority, then age), waiting at most max_queue_delay_ms for more to arrive."""
+        leases: list[Lease] = []
         deadline = time.monotonic() + policy.max_queue_delay_ms / 1000
+        first = True
         while (room := policy.max_batch_size - sum(lease.samples for lease in leases)) > 0:
             with self.sessions.begin() as session:
-                more = jobs.claim_next(
-                    session=session,
-                    model=model,
-                    version=version,
-                    owner=self.owner,
-                    lease_s=self.lease_s,
-                    max_samples=room,
+                if first:
+                    leases = jobs.claim(
+                        session=session, job_ids=job_ids, owner=self.owner, lease_s=self.lease_s
+                    )
+                    room = policy.max_batch_size - sum(lease.samples for lease in leases)
+                more = (
+                    jobs.claim_next(
+                        session=session,
+                        model=model,
+                        version=version,
+                        owner=self.owner,
+                        lease_s=self.lease_s,
+                        max_samples=room,
+                        take_oversized=not leases,
+                    )
+                    if room > 0
+                    else []
                 )
+            first = False
             leases.extend(more)
             if more:
                 continue
@@ -124,24 +142,47 @@ class Batcher:
 
     @contextmanager
     def _heartbeat(self, leases: list[Lease]) -> Iterator[None]:
-        """Extend the leases every third of their length while the batch runs."""
-        stop = threading.Event()
+        """Extend these leases every third of their length while the batch runs.
 
-        def beat() -> None:
-            while not stop.wait(self.lease_s / 3):
-                try:
-                    with self.sessions.begin() as session:
-                        jobs.heartbeat(session=session, leases=leases, lease_s=self.lease_s)
-                except Exception:
-                    log.exception("lease heartbeat failed; will retry")
-
-        thread = threading.Thread(target=beat, name="lease-heartbeat", daemon=True)
-        thread.start()
+        One thread per child beats whatever batch is current; starting one per batch would cost
+        more than a small batch's forward pass.
+        """
+        with self._beat_lock:
+            self._held = list(leases)
+            if self._beater is None:
+                self._beater = threading.Thread(
+                    target=self._beat, name="lease-heartbeat", daemon=True
+                )
+                self._beater.start()
         try:
             yield
         finally:
-            stop.set()
-            thread.join()
+            with self._beat_lock:
+                self._held = []
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(self.lease_s / 3)
+            with self._beat_lock:
+                held = list(self._held)
+            if not held:
+                continue
+            try:
+                with self.sessions.begin() as session:
+                    jobs.heartbeat(session=session, leases=held, lease_s=self.lease_s)
+            except Exception:
+                log.exception("lease heartbeat failed; will retry")
+
+
+def _observe_claim(model: str, leases: Sequence[Lease]) -> None:
+    metrics.BATCH_JOBS.labels(model).observe(len(leases))
+    metrics.BATCH_SAMPLES.labels(model).observe(sum(lease.samples for lease in leases))
+    now = jobs.utcnow()
+    for lease in leases:
+        if lease.created_at is not None:
+            metrics.QUEUE_WAIT_SECONDS.labels(model).observe(
+                (now - lease.created_at).total_seconds()
+            )
 
 
 Outcome = tuple[Lease, bytes | str]  # packed outputs, or an error message

@@ -32,6 +32,7 @@ class Fleet:
     logs: Path
     devices: str = "cpu:2"
     api_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -46,6 +47,7 @@ class Fleet:
             "TFFLEET_MODEL_REPOSITORY": str(self.models),
             "TFFLEET_DEVICES": self.devices,
             "TFFLEET_API_PORT": str(self.api_port),
+            "TFFLEET_WORKER_METRICS_PORT": str(self.metrics_port),
             "TFFLEET_MAX_QUEUE_DELAY_MS": "2",
         }
 

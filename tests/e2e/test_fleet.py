@@ -58,6 +58,13 @@ def test_200_jobs_over_http_succeed_with_the_models_own_outputs_on_both_children
     devices = {job["worker"].split("/")[2] for job in done}
     assert devices == {"cpu:0", "cpu:1"}, devices
 
+    # Both children's metrics, merged and served by the worker's main process.
+    metrics = httpx.get(f"http://127.0.0.1:{fleet.metrics_port}/metrics").text
+    jobs_run = re.search(r'^tffleet_batch_jobs_sum\{model="mlp"\} (\S+)$', metrics, re.M)
+    assert jobs_run and float(jobs_run.group(1)) == 200, metrics[-3000:]
+    assert re.search(r'^tffleet_queue_wait_seconds_count\{model="mlp"\} 200', metrics, re.M)
+    assert 'tffleet_batch_samples_bucket{le="1.0",model="mlp"}' in metrics
+
 
 def test_each_child_pins_its_own_device_and_the_main_process_never_loads_tensorflow(
     fleet_factory, sqlite_url: str, tmp_path: Path

@@ -1,0 +1,343 @@
+"""The sweeper against a real Redis (lock, Celery messages) and both database backends."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+
+import orjson
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.publish import Publisher
+from db import jobs
+from db.engine import make_engine, make_sessionmaker
+from db.models import Job, JobStatus
+from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
+from tffleet.settings import Settings
+from worker.app import make_celery, queue_for
+from worker.sweeper import Sweeper
+
+Sessions = sessionmaker[Session]
+DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+
+
+class Clock:
+    """The sweeper's idea of now, moved forward by the tests."""
+
+    def __init__(self) -> None:
+        self.now = jobs.utcnow()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def settings(db_url: str, redis_url: str) -> Settings:
+    return Settings(
+        database_url=db_url,
+        broker_url=redis_url,
+        sweep_interval_s=0.05,
+        republish_after_s=30,
+        result_ttl_s=7 * 24 * 3600,
+        lease_s=60,
+        max_attempts=3,
+        max_batch_size=128,
+    )
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def celery(settings: Settings) -> Iterator[Celery]:
+    app = make_celery(settings)
+    yield app
+    app.close()
+
+
+MakeSweeper = Callable[..., Sweeper]
+
+
+@pytest.fixture
+def make_sweeper(
+    sessions: Sessions, celery: Celery, settings: Settings, client: redis.Redis
+) -> MakeSweeper:
+    def make(clock: Clock | None = None, **overrides: object) -> Sweeper:
+        return Sweeper(
+            sessions,
+            Publisher(celery),
+            settings.model_copy(update=overrides),
+            client,
+            clock=clock or Clock(),
+        )
+
+    return make
+
+
+def create(sessions: Sessions, count: int = 1, *, model: str = "m", version: int = 1) -> list[str]:
+    new = [jobs.NewJob(model=model, version=version, samples=1, inputs=b"in")] * count
+    with sessions.begin() as session:
+        return [row.id for row in jobs.create(session=session, jobs=new)]
+
+
+def read(sessions: Sessions, job_id: str) -> Job:
+    with sessions() as session:
+        return jobs.get(session=session, job_id=job_id)
+
+
+def messages(client: redis.Redis, model: str = "m") -> list[tuple[str, int, list[str]]]:
+    """The run_batch calls waiting in the model's Celery queue (a Redis list), oldest first."""
+    found = []
+    for raw in reversed(client.lrange(queue_for(model), 0, -1)):
+        args, _kwargs, _embed = orjson.loads(base64.b64decode(orjson.loads(raw)["body"]))
+        found.append((args[0], args[1], args[2]))
+    return found
+
+
+def run_in_thread(sweeper: Sweeper) -> tuple[threading.Event, threading.Thread]:
+    stop = threading.Event()
+    thread = threading.Thread(target=sweeper.run, args=(stop,), daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+# One sweep
+
+
+def test_a_queued_job_whose_wakeup_was_lost_is_published_again(
+    make_sweeper: MakeSweeper, sessions: Sessions, client: redis.Redis
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock)
+    (job_id,) = create(sessions)  # its submit-time wake-up never reached Redis
+
+    assert sweeper.sweep_once().republished == 0  # too young to call its wake-up lost
+    clock.advance(31)
+    report = sweeper.sweep_once()
+
+    assert (report.republished, report.messages) == (1, 1)
+    assert messages(client) == [("m", 1, [job_id])]
+    assert read(sessions, job_id).published_at is not None
+    clock.advance(10)
+    assert sweeper.sweep_once().republished == 0  # published 10 s ago: not lost yet
+    clock.advance(21)
+    assert sweeper.sweep_once().republished == 1
+
+
+def test_an_expired_lease_is_requeued_and_published_at_once(
+    make_sweeper: MakeSweeper, sessions: Sessions, client: redis.Redis
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock)
+    (job_id,) = create(sessions)
+    with sessions.begin() as session:
+        (lease,) = jobs.claim(session=session, job_ids=[job_id], owner="dead", lease_s=60)
+    clock.advance(61)
+
+    report = sweeper.sweep_once()
+
+    assert (report.requeued, report.republished, report.worker_lost) == (1, 1, 0)
+    assert messages(client) == [("m", 1, [job_id])]
+    job = read(sessions, job_id)
+    assert (job.status, job.lease_owner) == (JobStatus.QUEUED, None)
+    with sessions.begin() as session:
+        assert jobs.complete(session=session, results=[(lease, b"late")]) == 0
+
+
+def test_requeued_jobs_go_out_in_messages_of_at_most_max_batch_size_per_model(
+    make_sweeper: MakeSweeper, sessions: Sessions, client: redis.Redis
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock, max_batch_size=2)
+    a = create(sessions, 5, model="a")
+    b = create(sessions, 1, model="b", version=4)
+    with sessions.begin() as session:
+        jobs.claim(session=session, job_ids=a + b, owner="dead", lease_s=60)
+    clock.advance(61)
+
+    report = sweeper.sweep_once()
+
+    assert (report.requeued, report.messages) == (6, 4)
+    assert messages(client, "a") == [("a", 1, a[:2]), ("a", 1, a[2:4]), ("a", 1, a[4:])]
+    assert messages(client, "b") == [("b", 4, b)]
+
+
+def test_a_job_out_of_attempts_fails_worker_lost_and_long_polls_hear_of_it(
+    make_sweeper: MakeSweeper, sessions: Sessions, client: redis.Redis
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock, max_attempts=1)
+    (job_id,) = create(sessions)
+    with sessions.begin() as session:
+        jobs.claim(session=session, job_ids=[job_id], owner="dead", lease_s=60)
+    clock.advance(61)
+    pubsub = client.pubsub()
+    pubsub.subscribe(JOBS_DONE_CHANNEL)
+    subscribed = pubsub.get_message(timeout=5)
+    assert subscribed is not None and subscribed["type"] == "subscribe"
+
+    report = sweeper.sweep_once()
+
+    assert (report.worker_lost, report.requeued, report.messages) == (1, 0, 0)
+    job = read(sessions, job_id)
+    assert (job.status, job.error_code) == (JobStatus.FAILED, "worker_lost")
+    announced = pubsub.get_message(timeout=5)
+    pubsub.close()
+    assert announced is not None and orjson.loads(announced["data"]) == [job_id]
+    assert messages(client) == []
+
+
+def test_old_finished_jobs_are_purged_and_the_rest_kept(
+    make_sweeper: MakeSweeper, sessions: Sessions
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock, result_ttl_s=3600)
+    done, queued = create(sessions, 2)
+    with sessions.begin() as session:
+        (lease,) = jobs.claim(session=session, job_ids=[done], owner="w", lease_s=60)
+        jobs.complete(session=session, results=[(lease, b"out")])
+
+    assert sweeper.sweep_once().purged == 0
+    clock.advance(3601)
+    assert sweeper.sweep_once().purged == 1
+
+    with sessions() as session:
+        assert [job.id for job in jobs.get_many(session=session, job_ids=[done, queued])] == [
+            queued
+        ]
+
+
+# The lock
+
+
+def test_only_one_of_two_sweepers_holds_the_lock(
+    make_sweeper: MakeSweeper, client: redis.Redis
+) -> None:
+    first, second = make_sweeper(), make_sweeper()
+
+    assert first.lead() is True
+    assert second.lead() is False
+    assert first.lead() is True  # extended, still held
+    ttl_ms = client.pttl(SWEEPER_LOCK_KEY)
+    assert 0 < ttl_ms <= first.lock_timeout_s * 1000
+
+    first.step_down()
+    assert second.lead() is True
+    assert first.lead() is False
+
+
+def test_a_standby_takes_over_when_the_lock_lapses(
+    make_sweeper: MakeSweeper, client: redis.Redis
+) -> None:
+    first, second = make_sweeper(), make_sweeper()
+    assert first.lead() is True
+
+    client.delete(SWEEPER_LOCK_KEY)  # as if it expired: the first sweeper hung or died
+
+    assert second.lead() is True
+    assert first.lead() is False  # it notices on its next extension and stands by
+
+
+def test_run_sweeps_only_while_it_holds_the_lock(
+    make_sweeper: MakeSweeper, sessions: Sessions, client: redis.Redis
+) -> None:
+    clock = Clock()
+    clock.advance(31)
+    holder, standby = make_sweeper(), make_sweeper(clock)
+    (job_id,) = create(sessions)
+    assert holder.lead() is True
+
+    stop, thread = run_in_thread(standby)
+    try:
+        time.sleep(0.3)  # several intervals
+        assert messages(client) == []
+        holder.step_down()
+        wait_until(lambda: messages(client) == [("m", 1, [job_id])])
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert client.exists(SWEEPER_LOCK_KEY) == 0  # released on the way out
+
+
+# Redis or the database going away
+
+
+def test_a_sweep_with_the_broker_away_keeps_the_job_for_a_later_sweep(
+    make_sweeper: MakeSweeper, sessions: Sessions, settings: Settings, client: redis.Redis
+) -> None:
+    clock = Clock()
+    dead = make_celery(settings.model_copy(update={"broker_url": DEAD_REDIS}))
+    away = Sweeper(sessions, Publisher(dead), settings, client, clock=clock)
+    (job_id,) = create(sessions)
+    with sessions.begin() as session:
+        jobs.claim(session=session, job_ids=[job_id], owner="dead", lease_s=60)
+    clock.advance(61)
+
+    report = away.sweep_once()
+    dead.close()
+
+    assert (report.requeued, report.republished, report.publish_failures) == (1, 0, 1)
+    assert read(sessions, job_id).published_at is None
+    assert make_sweeper(clock).sweep_once().republished == 1  # the broker is back
+    assert messages(client) == [("m", 1, [job_id])]
+
+
+def test_a_sweeper_survives_a_dead_redis_and_keeps_trying(
+    sessions: Sessions, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead_settings = settings.model_copy(update={"broker_url": DEAD_REDIS})
+    dead_celery = make_celery(dead_settings)
+    dead_client = redis.Redis.from_url(DEAD_REDIS)
+    sweeper = Sweeper(sessions, Publisher(dead_celery), dead_settings, dead_client)
+
+    with caplog.at_level(logging.WARNING, logger="worker.sweeper"):
+        stop, thread = run_in_thread(sweeper)
+        wait_until(lambda: len([r for r in caplog.records if "sweep failed" in r.message]) >= 2)
+        assert thread.is_alive()
+        stop.set()
+        thread.join(timeout=10)
+    dead_celery.close()
+    dead_client.close()
+
+    assert not thread.is_alive()
+    assert "ConnectionError" in caplog.records[0].message
+
+
+def test_a_sweeper_survives_the_database_going_away(
+    celery: Celery, settings: Settings, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = make_engine("postgresql://postgres@127.0.0.1:1/nowhere")  # nothing listens there
+    sweeper = Sweeper(make_sessionmaker(engine), Publisher(celery), settings, client)
+
+    with caplog.at_level(logging.WARNING, logger="worker.sweeper"):
+        stop, thread = run_in_thread(sweeper)
+        wait_until(lambda: len([r for r in caplog.records if "sweep failed" in r.message]) >= 2)
+        assert client.exists(SWEEPER_LOCK_KEY) == 1  # it still leads while it retries
+        stop.set()
+        thread.join(timeout=10)
+    engine.dispose()
+
+    assert not thread.is_alive()
+    assert client.exists(SWEEPER_LOCK_KEY) == 0

@@ -1,0 +1,275 @@
+"""The sweeper: no accepted job stays stuck. It never imports TensorFlow.
+
+Each sweep
+1. takes back expired leases (the worker died or hung): the job goes back to `queued` and is
+   published again, or ends `failed` (`worker_lost`) once it has used its attempt budget;
+2. publishes again the queued jobs whose last wake-up is older than `republish_after_s` (the
+   submit's publish failed, or Redis lost the message);
+3. deletes finished jobs older than `result_ttl_s`.
+
+One sweeper is active across the fleet: it holds a Redis lock with an expiry and extends it every
+sweep; the others stand by and take over once it lapses. Every step is safe to repeat and to run
+twice at once (the database changes are compare-and-sets, and a claim takes a job once), so a
+lock that lapses in the middle of a sweep costs duplicate messages, never a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
+
+import orjson
+import redis
+from prometheus_client import Counter, Gauge
+from redis.exceptions import LockNotOwnedError
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import jobs
+from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
+from tffleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Work per step of a sweep: chunks of this many jobs (one transaction each), at most this many
+# chunks, so one sweep stays short and the next one goes on where it stopped.
+CHUNK_JOBS = 1000
+MAX_CHUNKS = 20
+
+SWEPT = Counter("tffleet_sweeper_jobs_total", "Jobs the sweeper acted on", ["action"])
+PUBLISH_FAILURES = Counter(
+    "tffleet_sweeper_publish_failures_total", "Wake-ups the broker did not take (retried later)"
+)
+SWEEP_ERRORS = Counter("tffleet_sweeper_errors_total", "Sweeps cut short by Redis or the database")
+ACTIVE = Gauge("tffleet_sweeper_active", "1 while this process holds the sweeper lock")
+LAST_SWEEP = Gauge(
+    "tffleet_sweeper_last_sweep_timestamp_seconds", "When this process last finished a sweep"
+)
+
+
+class Publisher(Protocol):
+    """What the sweeper needs of `api.publish.Publisher`."""
+
+    def publish(self, *, model: str, version: int, job_ids: Sequence[str]) -> bool: ...
+
+
+@dataclass
+class SweepReport:
+    requeued: int = 0  # expired leases put back in the queue
+    worker_lost: int = 0  # expired leases that used their attempt budget: failed
+    republished: int = 0  # job ids published again (requeued or stale), in `messages` messages
+    messages: int = 0
+    publish_failures: int = 0  # messages the broker did not take; their jobs stay stale
+    purged: int = 0  # finished jobs deleted
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def __bool__(self) -> bool:
+        return any(self.as_dict().values())
+
+
+def _chunks(ids: Sequence[str], size: int) -> list[Sequence[str]]:
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+class Sweeper:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        publisher: Publisher,
+        settings: Settings,
+        redis_client: redis.Redis,
+        *,
+        clock: Callable[[], datetime] = jobs.utcnow,
+    ) -> None:
+        self._sessions = sessions
+        self._publisher = publisher
+        self._settings = settings
+        self._redis = redis_client
+        self._clock = clock
+        # Long enough to outlast a sweep; a crashed sweeper is replaced within this time.
+        self.lock_timeout_s = max(30.0, 4 * settings.sweep_interval_s)
+        self._lock = redis_client.lock(
+            SWEEPER_LOCK_KEY, timeout=self.lock_timeout_s, thread_local=False
+        )
+        self._leading = False
+        self._standing_by = False
+
+    # Leadership
+
+    def lead(self) -> bool:
+        """Take or extend the lock; True while this sweeper is the active one.
+
+        Raises `redis.RedisError` when Redis cannot be reached.
+        """
+        if self._leading:
+            try:
+                self._lock.reacquire()
+                return True
+            except LockNotOwnedError:
+                self._set_leading(False)
+                log.warning("sweeper lock lapsed (a sweep or Redis was too slow); standing by")
+        if self._lock.acquire(blocking=False):
+            self._set_leading(True)
+            log.info("this is the active sweeper (lock %s)", SWEEPER_LOCK_KEY)
+            return True
+        if not self._standing_by:
+            log.info("another sweeper holds %s; standing by", SWEEPER_LOCK_KEY)
+            self._standing_by = True
+        return False
+
+    def step_down(self) -> None:
+        """Release the lock, if held, so a standby takes over at once instead of at expiry."""
+        if not self._leading:
+            return
+        self._set_leading(False)
+        try:
+            self._lock.release()
+        except redis.RedisError as exc:  # lapsed, or Redis is away: it expires on its own
+            log.info("could not release the sweeper lock (%s)", exc)
+
+    def _set_leading(self, leading: bool) -> None:
+        self._leading = leading
+        self._standing_by = False
+        ACTIVE.set(1 if leading else 0)
+
+    # The loop
+
+    def run(self, stop: threading.Event) -> None:
+        """Sweep every `sweep_interval_s` while this sweeper leads, until `stop` is set.
+
+        Redis or the database going away is logged and retried with backoff; it never ends
+        the loop.
+        """
+        interval = self._settings.sweep_interval_s
+        max_backoff_s = max(interval, self.lock_timeout_s / 2)  # retry before the lock lapses
+        failures = 0
+        try:
+            while not stop.is_set():
+                delay = interval
+                try:
+                    if self.lead():
+                        self._log(self.sweep_once())
+                    failures = 0
+                except Exception as exc:  # redis, SQLAlchemy, kombu: all mean "try later"
+                    failures += 1
+                    delay = min(max_backoff_s, interval * 2 ** min(failures, 16))
+                    SWEEP_ERRORS.inc()
+                    log.warning(
+                        "sweep failed (%s: %s); retrying in %.1fs",
+                        type(exc).__name__,
+                        exc,
+                        delay,
+                        exc_info=failures == 1,
+                    )
+                stop.wait(delay)
+        finally:
+            self.step_down()
+
+    @staticmethod
+    def _log(report: SweepReport) -> None:
+        if report:
+            log.info(
+                "sweep: requeued %d, worker_lost %d, republished %d jobs in %d messages "
+                "(%d messages failed), purged %d",
+                report.requeued,
+                report.worker_lost,
+                report.republished,
+                report.messages,
+                report.publish_failures,
+                report.purged,
+            )
+
+    # One sweep
+
+    def sweep_once(self) -> SweepReport:
+        """One sweep. It does not check the lock: `run` calls it only while this sweeper leads."""
+        report = SweepReport()
+        self._expire_leases(report)
+        if not report.publish_failures:  # the broker is away: leave the rest for the next sweep
+            self._republish_stale(report)
+        self._purge(report)
+        LAST_SWEEP.set_to_current_time()
+        return report
+
+    def _expire_leases(self, report: SweepReport) -> None:
+        for _ in range(MAX_CHUNKS):
+            with self._sessions.begin() as session:
+                expired = jobs.expire_leases(
+                    session=session,
+                    now=self._clock(),
+                    max_attempts=self._settings.max_attempts,
+                    limit=CHUNK_JOBS,
+                )
+            requeued = sum(len(ids) for ids in expired.requeued.values())
+            report.requeued += requeued
+            report.worker_lost += len(expired.failed)
+            SWEPT.labels("requeued").inc(requeued)
+            SWEPT.labels("worker_lost").inc(len(expired.failed))
+            if expired.failed:
+                log.warning(
+                    "%d jobs failed as worker_lost: %s", len(expired.failed), expired.failed
+                )
+                self._notify_done(expired.failed)
+            # Committed first: if this publish is lost, the jobs are stale and step 2 finds them.
+            self._publish(expired.requeued, report)
+            if expired.count < CHUNK_JOBS:
+                return
+
+    def _republish_stale(self, report: SweepReport) -> None:
+        cutoff = self._clock() - timedelta(seconds=self._settings.republish_after_s)
+        for _ in range(MAX_CHUNKS):
+            with self._sessions.begin() as session:
+                stale = jobs.stale_queued(session=session, older_than=cutoff, limit=CHUNK_JOBS)
+            found = sum(len(ids) for ids in stale.values())
+            if found:
+                log.info("republishing %d queued jobs whose wake-up is overdue", found)
+            # Published ones leave the stale set (mark_published), so the next chunk is new.
+            if not self._publish(stale, report) or found < CHUNK_JOBS:
+                return
+
+    def _purge(self, report: SweepReport) -> None:
+        cutoff = self._clock() - timedelta(seconds=self._settings.result_ttl_s)
+        for _ in range(MAX_CHUNKS):
+            with self._sessions.begin() as session:
+                purged = jobs.purge_finished(session=session, older_than=cutoff, limit=CHUNK_JOBS)
+            report.purged += purged
+            SWEPT.labels("purged").inc(purged)
+            if purged < CHUNK_JOBS:
+                return
+
+    def _publish(self, groups: jobs.JobGroups, report: SweepReport) -> bool:
+        """Publish each group in messages of at most `max_batch_size` ids; False if one failed."""
+        at = self._clock()
+        published: list[str] = []
+        ok = True
+        for (model, version), ids in groups.items():
+            for chunk in _chunks(ids, self._settings.max_batch_size):
+                if not self._publisher.publish(model=model, version=version, job_ids=chunk):
+                    ok = False
+                    report.publish_failures += 1
+                    PUBLISH_FAILURES.inc()
+                    break
+                published += chunk
+                report.messages += 1
+            if not ok:  # the broker is away; the rest would only wait for the same timeout
+                break
+        if published:
+            with self._sessions.begin() as session:
+                jobs.mark_published(session=session, job_ids=published, at=at)
+            report.republished += len(published)
+            SWEPT.labels("republished").inc(len(published))
+        return ok
+
+    def _notify_done(self, job_ids: list[str]) -> None:
+        """Wake the API's long-polls waiting on jobs that just ended."""
+        try:
+            self._redis.publish(JOBS_DONE_CHANNEL, orjson.dumps(job_ids))
+        except redis.RedisError as exc:
+            log.warning(
+                "could not announce %d ended jobs (%s); polls see it late", len(job_ids), exc
+            )
