@@ -23,12 +23,13 @@ async def read_json(request: Request, *, max_bytes: int) -> Any:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {max_bytes} bytes")
-    body = bytearray()
+    chunks, size = [], 0
     async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
             raise PayloadTooLarge(f"body is over the limit of {max_bytes} bytes")
     try:
-        return orjson.loads(body)
+        return orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None

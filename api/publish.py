@@ -37,5 +37,7 @@ class Publisher:
         return True
 
     def ping(self) -> None:
+        # One quick retry, no back-off: kombu's default first sleep is 2 s, longer than a probe's
+        # usual timeout, so a dead broker would time the probe out instead of answering 503.
         with self._celery.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, timeout=2)
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.1, timeout=2)

@@ -34,10 +34,17 @@ class CompletionWaiter:
         self._task = asyncio.create_task(self._listen(), name="completion-waiter")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task, self._task = self._task, None
+        if task is None:
+            return
+        # Cancel until it is really done: redis-py sends commands under asyncio.wait_for, which on
+        # Python 3.11 swallows a cancellation that lands just as the send completes (the task then
+        # goes on to listen forever, and shutdown hangs).
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     @contextlib.contextmanager
     def watch(self, *job_ids: str) -> Iterator[asyncio.Event]:

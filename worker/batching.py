@@ -70,8 +70,35 @@ class Batcher:
     _held: list[Lease] = field(default_factory=list, init=False, repr=False)
     _beat_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _beater: threading.Thread | None = field(default=None, init=False, repr=False)
+    # Whether the last batch found other jobs waiting: only then is waiting for more worth it.
+    _queue_busy: bool = field(default=False, init=False, repr=False)
 
     def run(
+        self,
+        *,
+        model: str,
+        version: int,
+        job_ids: Sequence[str],
+        runner: Runner,
+        policy: BatchPolicy,
+    ) -> BatchReport:
+        """Run the jobs a message names, in batches of at most `max_batch_size` jobs, each topped
+        up with other queued jobs of the same model version."""
+        report = BatchReport()
+        step = policy.max_batch_size
+        for start in range(0, max(len(job_ids), 1), step):
+            part = self._run_batch(
+                model=model,
+                version=version,
+                job_ids=job_ids[start : start + step],
+                runner=runner,
+                policy=policy,
+            )
+            for name, value in part.as_dict().items():
+                setattr(report, name, getattr(report, name) + value)
+        return report
+
+    def _run_batch(
         self,
         *,
         model: str,
@@ -107,38 +134,50 @@ class Batcher:
         self, *, model: str, version: int, job_ids: Sequence[str], policy: BatchPolicy
     ) -> list[Lease]:
         """The named jobs still queued, topped up with other queued jobs of this model version
-        (priority, then age), waiting at most max_queue_delay_ms for more to arrive."""
-        leases: list[Lease] = []
+        (priority, then age).
+
+        While the queue is busy (the last top-up found jobs) it waits up to max_queue_delay_ms for
+        more to arrive; at idle a lone job runs at once instead of waiting for company.
+        """
         deadline = time.monotonic() + policy.max_queue_delay_ms / 1000
-        first = True
-        while (room := policy.max_batch_size - sum(lease.samples for lease in leases)) > 0:
-            with self.sessions.begin() as session:
-                if first:
-                    leases = jobs.claim(
-                        session=session, job_ids=job_ids, owner=self.owner, lease_s=self.lease_s
-                    )
-                    room = policy.max_batch_size - sum(lease.samples for lease in leases)
-                more = (
-                    jobs.claim_next(
-                        session=session,
-                        model=model,
-                        version=version,
-                        owner=self.owner,
-                        lease_s=self.lease_s,
-                        max_samples=room,
-                        take_oversized=not leases,
-                    )
-                    if room > 0
-                    else []
-                )
-            first = False
+        topped_up = False
+        with self.sessions.begin() as session:
+            leases = jobs.claim(
+                session=session, job_ids=job_ids, owner=self.owner, lease_s=self.lease_s
+            )
+            more = self._top_up(session, model, version, leases, policy)
+        while more or (self._queue_busy and leases and time.monotonic() < deadline):
+            topped_up = topped_up or bool(more)
             leases.extend(more)
-            if more:
-                continue
-            if not leases or time.monotonic() >= deadline:
+            if policy.max_batch_size - sum(lease.samples for lease in leases) <= 0:
                 break
-            time.sleep(_TOP_UP_POLL_S)
+            if not more:
+                time.sleep(_TOP_UP_POLL_S)
+            with self.sessions.begin() as session:
+                more = self._top_up(session, model, version, leases, policy)
+        self._queue_busy = topped_up
         return leases
+
+    def _top_up(
+        self,
+        session: Session,
+        model: str,
+        version: int,
+        leases: Sequence[Lease],
+        policy: BatchPolicy,
+    ) -> list[Lease]:
+        room = policy.max_batch_size - sum(lease.samples for lease in leases)
+        if room <= 0:
+            return []
+        return jobs.claim_next(
+            session=session,
+            model=model,
+            version=version,
+            owner=self.owner,
+            lease_s=self.lease_s,
+            max_samples=room,
+            take_oversized=not leases,
+        )
 
     @contextmanager
     def _heartbeat(self, leases: list[Lease]) -> Iterator[None]:

@@ -282,9 +282,17 @@ def test_top_up_runs_queued_jobs_even_when_the_named_ones_are_gone(
     assert_own_outputs(sessions, queued, x)
 
 
-def test_top_up_waits_for_a_job_that_arrives_within_max_queue_delay(
+def make_busy(sessions: Sessions, batch: BatchRun) -> None:
+    """Run a batch that found other jobs waiting: the batcher now knows the queue is busy."""
+    named, other = submit(sessions, samples(1, seed=8)), submit(sessions, samples(1, seed=9))
+    assert batch.run([named], FakeRunner(), policy(max_batch_size=2)).claimed == 2
+    assert other
+
+
+def test_top_up_waits_for_a_job_that_arrives_within_max_queue_delay_while_busy(
     sessions: Sessions, batch: BatchRun
 ) -> None:
+    make_busy(sessions, batch)
     first, late = samples(1, seed=0), samples(1, seed=1)
     named = submit(sessions, first)
     arrived: list[str] = []
@@ -304,7 +312,10 @@ def test_top_up_waits_for_a_job_that_arrives_within_max_queue_delay(
     assert_own_outputs(sessions, arrived[0], late)
 
 
-def test_top_up_waits_at_most_max_queue_delay(sessions: Sessions, batch: BatchRun) -> None:
+def test_top_up_waits_at_most_max_queue_delay_while_busy(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    make_busy(sessions, batch)
     named = submit(sessions, samples(1, seed=0))
 
     started = time.monotonic()
@@ -313,6 +324,31 @@ def test_top_up_waits_at_most_max_queue_delay(sessions: Sessions, batch: BatchRu
 
     assert report.claimed == 1
     assert 0.1 <= elapsed < 2
+
+
+def test_a_lone_job_at_idle_runs_at_once_without_waiting_for_company(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    named = submit(sessions, samples(1, seed=0))
+
+    started = time.monotonic()
+    report = batch.run([named], FakeRunner(), policy(delay_ms=5000))
+
+    assert report.claimed == 1
+    assert time.monotonic() - started < 2
+
+
+def test_a_message_naming_more_jobs_than_max_batch_size_runs_them_in_batches(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    named = [submit(sessions, samples(1, seed=i)) for i in range(5)]
+    runner = FakeRunner()
+
+    report = batch.run(named, runner, policy(max_batch_size=2, buckets=(1, 2)))
+
+    assert report.claimed == 5 and report.succeeded == 5
+    assert runner.sizes == [2, 2, 1]
+    assert batch.notified == [named[0:2], named[2:4], named[4:5]]
 
 
 # claims

