@@ -42,6 +42,11 @@ def validate_inputs(
             array = tensors.decode(raw[name], dtype=spec["dtype"])
         except tensors.TensorError as exc:
             raise InvalidInput(f"{where}: {exc}") from None
+        # Before the shape: `[]` is an empty batch, not a tensor of the wrong rank.
+        if array.ndim == 0:
+            raise InvalidInput(f"{where}: expected a batch (rank at least 1), got a scalar")
+        if array.shape[0] == 0:
+            raise InvalidInput(f"{where}: the batch is empty (shape {list(array.shape)})")
         expected = spec.get("shape")
         if expected is not None:
             if array.ndim != len(expected):
@@ -55,10 +60,6 @@ def validate_inputs(
                         f"{where}: dimension {axis + 1} must be {want} "
                         f"(shape {_shape(expected)}), got shape {list(array.shape)}"
                     )
-        if array.ndim == 0:
-            raise InvalidInput(f"{where}: expected a batch (rank at least 1), got a scalar")
-        if array.shape[0] == 0:
-            raise InvalidInput(f"{where}: the batch is empty (shape {list(array.shape)})")
         if batch is not None and array.shape[0] != batch:
             raise InvalidInput(
                 f"{where}: batch size {array.shape[0]} differs from the other inputs' {batch}"

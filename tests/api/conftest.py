@@ -2,11 +2,17 @@
 
 Every test here runs twice, on SQLite and on PostgreSQL (through `db_url`). No worker runs:
 a test that needs a finished job plays the worker itself through `db.jobs` (`finish_job`).
+
+The client is httpx over ASGITransport with the lifespan entered by hand, not Starlette's
+TestClient: Starlette 1.x warns when TestClient runs on `httpx`, and warnings are errors here.
+The tests are async (anyio); the event loop runs only while a fixture or a test awaits, so the
+app's background tasks (the completion channel's subscription) make progress only then.
 """
 
 from __future__ import annotations
 
 import base64
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -35,6 +41,7 @@ Sessions = sessionmaker[Session]
 
 MAX_BODY_BYTES = 16 * 1024
 DEAD_BROKER_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 # The fake fleet: name -> version -> (inputs, outputs).
 SIGNATURES: dict[str, dict[int, tuple[dict[str, Any], dict[str, Any]]]] = {
@@ -249,28 +256,32 @@ def _until_subscribed(redis_url: str, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     with redis.Redis.from_url(redis_url) as client:
         while time.monotonic() < deadline:
-            counts: Sequence[tuple[bytes, int]] = client.pubsub_numsub(JOBS_DONE_CHANNEL)  # type: ignore[assignment]
+            counts = client.pubsub_numsub(JOBS_DONE_CHANNEL)
             if counts and counts[0][1] > 0:
                 return
             time.sleep(0.01)
     raise AssertionError(f"nobody subscribed to {JOBS_DONE_CHANNEL} within {timeout_s} s")
 
 
-class CheckingPublisher:
-    """Wraps the app's publisher: records what it publishes, and whether each job's row was
-    already committed (visible to another connection) at that moment."""
+@dataclass
+class Publication:
+    model: str
+    version: int
+    job_ids: list[str]
+    committed: bool  # every named row was visible to another connection when it was published
 
-    def __init__(self, inner: Publisher, sessions: Sessions) -> None:
-        self._inner = inner
-        self._sessions = sessions
-        self.calls: list[tuple[str, int, list[str], bool]] = []
 
-    def publish(self, *, model: str, version: int, job_ids: Sequence[str]) -> bool:
-        with self._sessions() as session:
+@pytest.fixture
+def publications(monkeypatch: pytest.MonkeyPatch, sessions: Sessions) -> list[Publication]:
+    """Record every publish the app makes, and whether its rows were committed by then."""
+    seen: list[Publication] = []
+    publish = Publisher.publish
+
+    def checking(self: Publisher, *, model: str, version: int, job_ids: Sequence[str]) -> bool:
+        with sessions() as session:
             found = jobs.get_many(session=session, job_ids=job_ids)
-        committed = len(found) == len(job_ids)
-        self.calls.append((model, version, list(job_ids), committed))
-        return self._inner.publish(model=model, version=version, job_ids=job_ids)
+        seen.append(Publication(model, version, list(job_ids), len(found) == len(job_ids)))
+        return publish(self, model=model, version=version, job_ids=job_ids)
 
-    def ping(self) -> None:
-        self._inner.ping()
+    monkeypatch.setattr(Publisher, "publish", checking)
+    return seen

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,11 +12,14 @@ import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from db import jobs
 from db.models import JobStatus
 from tests.api.conftest import (
+    DEAD_BROKER_URL,
+    ISO_UTC,
     MAX_BODY_BYTES,
-    Api,
-    CheckingPublisher,
+    OpenApi,
+    Publication,
     assert_nothing_left,
     count_jobs,
     envelope,
@@ -30,7 +33,6 @@ pytestmark = pytest.mark.anyio
 
 Sessions = sessionmaker[Session]
 
-ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 JOB_FIELDS = {
     "id",
     "model",
@@ -81,16 +83,13 @@ async def test_submit_returns_202_with_the_queued_job(
 
 
 async def test_submit_publishes_the_job_id_after_its_row_is_committed(
-    api: Api, sessions: Sessions, broker: redis.Redis
+    publications: list[Publication], client: httpx.AsyncClient, broker: redis.Redis
 ) -> None:
-    checking = CheckingPublisher(api.state.publisher, sessions)
-    api.state.publisher = checking  # type: ignore[assignment]
-
-    response = await api.client.post("/v1/jobs", json={"model": "mlp", "inputs": {"x": [ROW]}})
+    response = await client.post("/v1/jobs", json={"model": "mlp", "inputs": {"x": [ROW]}})
 
     assert response.status_code == 202
     job_id = response.json()["id"]
-    assert checking.calls == [("mlp", 2, [job_id], True)]
+    assert publications == [Publication("mlp", 2, [job_id], committed=True)]
     (message,) = queued_messages(broker, "tffleet.mlp")
     assert message["headers"]["task"] == "tffleet.run_batch"
     assert task_args(message) == ["mlp", 2, [job_id]]
@@ -177,9 +176,9 @@ async def test_a_json_content_type_with_charset_is_json(client: httpx.AsyncClien
 
 
 async def test_a_submit_with_the_broker_down_is_still_accepted_and_stays_queued(
-    open_api: Any, sessions: Sessions, broker: redis.Redis
+    open_api: OpenApi, sessions: Sessions, broker: redis.Redis
 ) -> None:
-    async with open_api(broker_url="redis://127.0.0.1:1/0") as api:
+    async with open_api(broker_url=DEAD_BROKER_URL) as api:
         response = await api.client.post("/v1/jobs", json={"model": "mlp", "inputs": [ROW]})
         assert response.status_code == 202
         job_id = response.json()["id"]
@@ -190,6 +189,74 @@ async def test_a_submit_with_the_broker_down_is_still_accepted_and_stays_queued(
     assert read_job(sessions, job_id).status == JobStatus.QUEUED
     assert count_jobs(sessions) == 1
     assert queued_messages(broker, "tffleet.mlp") == []
+    with sessions() as session:
+        stale = jobs.stale_queued(
+            session=session, older_than=datetime.now(UTC) + timedelta(seconds=1), limit=10
+        )
+    assert stale == {("mlp", 2): [job_id]}
+
+
+async def test_concurrent_submissions_are_each_stored_and_published_once(
+    publications: list[Publication],
+    client: httpx.AsyncClient,
+    sessions: Sessions,
+    broker: redis.Redis,
+) -> None:
+    bodies = [{"model": "mlp", "inputs": [[float(i), 0.0, 0.0, 0.0]]} for i in range(20)]
+
+    responses = await asyncio.gather(*(client.post("/v1/jobs", json=b) for b in bodies))
+
+    assert [r.status_code for r in responses] == [202] * 20
+    ids = [r.json()["id"] for r in responses]
+    assert len(set(ids)) == 20 and count_jobs(sessions) == 20
+    for i, job_id in enumerate(ids):  # each answer names its own request's job
+        assert stored_inputs(sessions, job_id)["x"][0, 0] == i
+    assert all(p.committed for p in publications)
+    published = [i for m in queued_messages(broker, "tffleet.mlp") for i in task_args(m)[2]]
+    assert sorted(published) == sorted(ids)
+
+
+# Many jobs in one request (an extension of the contract)
+
+
+async def test_a_batch_of_jobs_is_stored_and_published_together(
+    publications: list[Publication], client: httpx.AsyncClient, broker: redis.Redis
+) -> None:
+    body = {
+        "jobs": [
+            {"model": "mlp", "inputs": [ROW]},
+            {"model": "mlp", "version": 1, "inputs": [ROW, ROW]},
+            {"model": "mlp", "inputs": {"x": [ROW]}, "priority": 9},
+        ]
+    }
+
+    response = await client.post("/v1/jobs", json=body)
+
+    assert response.status_code == 202
+    out = response.json()["jobs"]
+    assert [(j["version"], j["priority"], j["status"]) for j in out] == [
+        (2, 0, "queued"),
+        (1, 0, "queued"),
+        (2, 9, "queued"),
+    ]
+    assert all(p.committed for p in publications)
+    published = sorted(
+        (args[1], args[2]) for args in map(task_args, queued_messages(broker, "tffleet.mlp"))
+    )
+    assert published == [(1, [out[1]["id"]]), (2, [out[0]["id"], out[2]["id"]])]
+
+
+async def test_a_batch_with_one_bad_job_stores_none(
+    client: httpx.AsyncClient, sessions: Sessions, broker: redis.Redis
+) -> None:
+    body = {"jobs": [{"model": "mlp", "inputs": [ROW]}, {"model": "mlp", "inputs": [[1, 2]]}]}
+
+    response = await client.post("/v1/jobs", json=body)
+
+    assert response.status_code == 422
+    assert "jobs[1]" in response.json()["error"]["message"]
+    assert "inputs.x" in response.json()["error"]["message"]
+    assert_nothing_left(sessions, broker)
 
 
 # Refused: 422 (the inputs do not fit the signature, or the body's fields are wrong)
@@ -216,7 +283,7 @@ INVALID: list[tuple[str, dict[str, Any], list[str]]] = [
         {"model": "mlp", "inputs": {"x": envelope(np.zeros((0, 4), np.float32))}},
         ["inputs.x", "empty"],
     ),
-    ("empty_batch_lists", {"model": "mlp", "inputs": {"x": []}}, ["inputs.x"]),
+    ("empty_batch_lists", {"model": "mlp", "inputs": {"x": []}}, ["inputs.x", "empty"]),
     (
         "mismatched_batch",
         {"model": "pair", "inputs": {"a": [[1, 2, 3], [4, 5, 6]], "b": [[1, 2]]}},
