@@ -420,23 +420,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(r: dict[str, Any], args: argparse.Namespace) -> None:
-    def show(key: str, text: Callable[[Any], str]) -> str:
+    def show(key: str, text: Callable[[Any], str] = str) -> str:
         return text(r[key]) if r.get(key) is not None else "failed (see above)"
 
-    print(
-        f"\ntffleet benchmark ({os.cpu_count()} CPUs, worker devices {args.devices}, "
-        f"{args.clients} clients)\n"
-    )
+    def rate(key: str, batch: int | None = None) -> float | None:
+        found = r.get(key)
+        if found is None:
+            return None
+        return float((found[batch] if batch else found).rate)
+
+    def samples(batch: int) -> Callable[[Any], str]:
+        return lambda v: f"{v[batch].rate:9.0f} samples/s"
+
+    print(f"\ntffleet benchmark ({os.cpu_count()} CPUs, worker devices {args.devices}, "
+          f"{args.clients} clients)\n")  # fmt: skip
     for batch in (1, 8, 32, 128):
-        line = show("1", lambda v, b=batch: f"{v[b].rate:9.0f} samples/s")
-        print(f"(1) in-process MLP, batch {batch:3d}          {line}")
-    print(
-        f"(1) in-process CNN, batch 128          {show('1cnn', lambda v: f'{v[128].rate:9.0f} samples/s')}"
-    )
-    print(f"(2) plain Celery, one task per job     {show('2', str)}  (p50: one client, idle)")
-    print(f"(3) tffleet HTTP, batching on          {show('3on', str)}")
-    print(f"(3) tffleet HTTP, batching off         {show('3off', str)}")
-    print(f"(4) tffleet submit_many + wait_all     {show('4', str)}")
+        print(f"(1) in-process MLP, batch {batch:3d}          {show('1', samples(batch))}")
+    print(f"(1) in-process CNN, batch 128          {show('1cnn', samples(128))}")
+    print(f"(2) plain Celery, one task per job     {show('2')}  (p50: one client, idle)")
+    print(f"(3) tffleet HTTP, batching on          {show('3on')}")
+    print(f"(3) tffleet HTTP, batching off         {show('3off')}")
+    print(f"(4) tffleet submit_many + wait_all     {show('4')}")
     print(
         f"(5) tffleet CNN 16 x 256 (b64)         {show('5', lambda v: f'{v.rate:9.0f} samples/s')}"
     )
@@ -444,21 +448,18 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
         f"(6) tffleet idle latency               {show('6', lambda v: f'p50 {v.p50_ms:6.1f} ms')}"
     )
 
-    def ratio(a: Callable[[], float], b: Callable[[], float]) -> str:
-        try:
-            return f"{a() / b():6.2f}"
-        except (TypeError, KeyError, AttributeError, ZeroDivisionError):
-            return "   n/a"
-
+    idle = r["6"].p50_ms if r.get("6") else None
+    celery_p50 = r["2"].p50_ms if r.get("2") else None
     ratios = [
-        ("(3)/(2)        HTTP jobs/s vs plain Celery", ratio(lambda: r["3on"].rate, lambda: r["2"].rate), ">= 3"),
-        ("(3 on)/(3 off) batching on vs off", ratio(lambda: r["3on"].rate, lambda: r["3off"].rate), ">= 3"),
-        ("(4)/(2)        bulk SDK vs plain Celery", ratio(lambda: r["4"].rate, lambda: r["2"].rate), ">= 10"),
-        ("(5)/(1 @128)   CNN via tffleet vs in-process", ratio(lambda: r["5"].rate, lambda: r["1cnn"][128].rate), ">= 0.7"),
-        ("(6)/(2)        idle p50 vs Celery round trip", ratio(lambda: r["6"].p50_ms, lambda: r["2"].p50_ms), "<= 1"),
-    ]  # fmt: skip
+        ("(3)/(2)        HTTP jobs/s vs plain Celery", rate("3on"), rate("2"), ">= 3"),
+        ("(3 on)/(3 off) batching on vs off", rate("3on"), rate("3off"), ">= 3"),
+        ("(4)/(2)        bulk SDK vs plain Celery", rate("4"), rate("2"), ">= 10"),
+        ("(5)/(1 @128)   CNN via tffleet vs in-process", rate("5"), rate("1cnn", 128), ">= 0.7"),
+        ("(6)/(2)        idle p50 vs Celery round trip", idle, celery_p50, "<= 1"),
+    ]
     print("\nratios (target)")
-    for name, value, target in ratios:
+    for name, a, b, target in ratios:
+        value = f"{a / b:6.2f}" if a is not None and b else "   n/a"
         print(f"  {name:50s} {value}  ({target})")
 
 
