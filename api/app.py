@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.admission import QueueLimit
 from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED
 from api.publish import Publisher
@@ -27,14 +28,16 @@ from worker.app import make_celery
 log = logging.getLogger(__name__)
 
 
-def _error(status: int, code: str, message: str) -> Response:
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
     REQUESTS_REJECTED.labels(code=code).inc()
-    return json_response({"error": {"code": code, "message": message}}, status)
+    response = json_response({"error": {"code": code, "message": message}}, status)
+    response.headers.update(headers or {})
+    return response
 
 
 async def _on_tffleet_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, TffleetError)
-    return _error(exc.status_code, exc.code, exc.message)
+    return _error(exc.status_code, exc.code, exc.message, exc.headers)
 
 
 async def _on_request_validation(_: Request, exc: Exception) -> Response:
@@ -78,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             signatures=SignatureCache(sessions),
             ingestor=Ingestor(sessions, publisher),
             reader=JobReader(reads),
+            admission=QueueLimit(reads, max_queued_jobs=settings.max_queued_jobs),
         )
         await state.waiter.start()
         await state.ingestor.start()

@@ -2,7 +2,8 @@
 
 `Ingestor`: submissions that arrive together share one transaction and one broker message per
 model version. It commits, then publishes, then answers: a wake-up never names a row that is not
-committed, and a publish that fails leaves the jobs `queued` for the sweeper.
+committed, and a publish that fails leaves the jobs `queued` for the sweeper. A submission with
+an Idempotency-Key that finds its jobs already stored publishes nothing.
 
 `JobReader`: polls that arrive together share one `SELECT ... WHERE id IN (...)`.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,28 +27,58 @@ from tffleet.errors import JobNotFound
 JobDict = dict[str, Any]
 
 
-class Ingestor(Coalescer[Sequence[jobs.NewJob], list[JobDict]]):
+@dataclass(frozen=True)
+class Ingested:
+    """One request's jobs as stored, in its order; `replayed` when an Idempotency-Key found them."""
+
+    jobs: list[JobDict]
+    replayed: bool = False
+
+
+class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
+    """`await ingestor(new_jobs)` -> `Ingested`, or the error (409, say) to answer with.
+
+    A request's jobs carry an idempotency key or none do. Keyed requests share the transaction
+    through `db.jobs.create_idempotent`, which never fails one request for another's key.
+    """
+
     def __init__(self, sessions: sessionmaker[Session], publisher: Publisher) -> None:
         super().__init__(self._write, name="ingestor", max_batch=2048, size=len)
         self._sessions = sessions
         self._publisher = publisher
 
-    def _write(self, requests: Sequence[Sequence[jobs.NewJob]]) -> list[list[JobDict]]:
+    def _write(self, requests: Sequence[Sequence[jobs.NewJob]]) -> list[Ingested | BaseException]:
+        keyed = [i for i, r in enumerate(requests) if r and r[0].idempotency_key is not None]
+        plain = sorted(set(range(len(requests))) - set(keyed))
+        results: dict[int, Ingested | BaseException] = {}
         with self._sessions.begin() as session:
-            created = jobs.create(session=session, jobs=[j for r in requests for j in r])
-            outs = [job_out(job, with_outputs=False) for job in created]
+            created = jobs.create(session=session, jobs=[j for i in plain for j in requests[i]])
+            publish = [job_out(job, with_outputs=False) for job in created]
+            start = 0
+            for i in plain:
+                results[i] = Ingested(publish[start : start + len(requests[i])])
+                start += len(requests[i])
+            if keyed:
+                outcomes = jobs.create_idempotent(
+                    session=session, requests=[requests[i] for i in keyed]
+                )
+                for i, outcome in zip(keyed, outcomes, strict=True):
+                    if isinstance(outcome, BaseException):
+                        results[i] = outcome
+                        continue
+                    outs = [job_out(j, with_outputs=False) for j in outcome.jobs]
+                    results[i] = Ingested(outs, replayed=outcome.replayed)
+                    new = set(outcome.created)
+                    publish += [out for out in outs if out["id"] in new]
+        # After the commit: a wake-up never names a row another connection cannot see yet.
         wake: defaultdict[tuple[str, int], list[str]] = defaultdict(list)
-        for out in outs:
+        for out in publish:
             wake[(out["model"], out["version"])].append(out["id"])
         for (model, version), ids in wake.items():
             JOBS_SUBMITTED.labels(model=model).inc(len(ids))
             if not self._publisher.publish(model=model, version=version, job_ids=ids):
                 PUBLISH_FAILURES.inc()
-        result, start = [], 0
-        for request in requests:
-            result.append(outs[start : start + len(request)])
-            start += len(request)
-        return result
+        return [results[i] for i in range(len(requests))]
 
 
 class JobReader(Coalescer[tuple[Sequence[str], str], list[JobDict]]):

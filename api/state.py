@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.admission import QueueLimit
 from api.ingest import Ingestor, JobReader
 from api.publish import Publisher
 from api.waiter import CompletionWaiter
@@ -58,6 +59,7 @@ class AppState:
     signatures: SignatureCache
     ingestor: Ingestor
     reader: JobReader
+    admission: QueueLimit
 
 
 def get_state(request: Request) -> AppState:

@@ -31,12 +31,22 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db.models import FINISHED, Job, JobStatus
-from tffleet.errors import InvalidRequest, JobAlreadyFinished, JobNotFound
+from db.models import FINISHED, Job, JobInput, JobStatus
+from tffleet.errors import (
+    IdempotencyKeyReused,
+    InvalidRequest,
+    JobAlreadyFinished,
+    JobNotFound,
+    ServiceUnavailable,
+    TffleetError,
+)
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
+_inputs: Table = JobInput.__table__  # type: ignore[assignment]
 
 
 def utcnow() -> datetime:
@@ -92,6 +102,23 @@ class NewJob:
     samples: int
     inputs: bytes
     priority: int = 0
+    # Set together, and read only by `create_idempotent` (`create` stores no key): the job's
+    # own key (unique in the table) and the sha256 of the request it came in, which a replay of
+    # that key must match.
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A keyed request's jobs, in its order, as stored now: by this call, or by an earlier one."""
+
+    jobs: list[Row[Any]]  # every column but inputs and outputs
+    created: list[str]  # the ids this call stored, to be published; empty for a replay
+
+    @property
+    def replayed(self) -> bool:
+        return not self.created
 
 
 @dataclass(frozen=True)
@@ -121,7 +148,6 @@ def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
             "status": JobStatus.QUEUED.value,
             "priority": job.priority,
             "samples": job.samples,
-            "inputs": job.inputs,
             "attempts": 0,
             "created_at": now,
         }
@@ -129,7 +155,127 @@ def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
     ]
     if rows:
         session.execute(insert(_jobs), rows)
-    return [Job(**row) for row in rows]
+        session.execute(
+            insert(_inputs),
+            [
+                {"job_id": row["id"], "data": job.inputs}
+                for row, job in zip(rows, jobs, strict=True)
+            ],
+        )
+    created = [Job(**row) for row in rows]
+    for job, new in zip(created, jobs, strict=True):
+        job.inputs = new.inputs  # type: ignore[attr-defined]
+    return created
+
+
+_SUBMITTED_COLUMNS = [c for c in _jobs.c if c.name not in ("inputs", "outputs")]
+# Keys per SELECT: well under every backend's limit on bound parameters.
+_KEYS_PER_SELECT = 1000
+
+
+def create_idempotent(
+    *, session: Session, requests: Sequence[Sequence[NewJob]]
+) -> list[Submitted | TffleetError]:
+    """Store keyed requests; per request, its jobs (new, or stored before) or the error to answer.
+
+    Every job carries its own `idempotency_key` and its request's `request_hash`. A key that is
+    already stored under the same hash gives back the stored job (a replay: nothing is added);
+    under another hash, the request is `IdempotencyKeyReused` and none of its jobs stays.
+
+    INSERT ... ON CONFLICT DO NOTHING, so a taken key never raises: one request's conflict
+    cannot fail the others that share the transaction. Of two transactions racing on a key, the
+    second waits for the first to commit (PostgreSQL) or runs after it (SQLite), inserts nothing
+    and then reads the first one's row.
+    """
+    now = utcnow()
+    per_request: list[list[tuple[dict[str, Any], bytes]]] = []
+    for request in requests:
+        if not request or any(j.idempotency_key is None or j.request_hash is None for j in request):
+            raise ValueError("create_idempotent: every job needs an idempotency_key and a hash")
+        per_request.append([(_keyed_row(job, now), job.inputs) for job in request])
+    # Rows in key order: transactions inserting overlapping keys take them in the same order
+    # and cannot deadlock. Request order within a key: the first request of a batch wins it.
+    by_key = sorted(
+        ((index, row, data) for index, rows in enumerate(per_request) for row, data in rows),
+        key=lambda item: (item[1]["idempotency_key"], item[0]),
+    )
+    if not by_key:
+        return []
+    inserted = set(
+        session.scalars(
+            _insert_unless_key_taken(session).returning(_jobs.c.id),
+            [row for _, row, _ in by_key],
+        )
+    )
+    if inserted:
+        session.execute(
+            insert(_inputs),
+            [
+                {"job_id": row["id"], "data": data}
+                for _, row, data in by_key
+                if row["id"] in inserted
+            ],
+        )
+    keys = [row["idempotency_key"] for _, row, _ in by_key]
+    stored: dict[str, Row[Any]] = {}
+    for start in range(0, len(keys), _KEYS_PER_SELECT):
+        chunk = keys[start : start + _KEYS_PER_SELECT]
+        query = select(*_SUBMITTED_COLUMNS).where(_jobs.c.idempotency_key.in_(chunk))
+        stored.update((row.idempotency_key, row) for row in session.execute(query))
+
+    results: list[Submitted | TffleetError] = []
+    for mine in per_request:
+        found = [stored.get(row["idempotency_key"]) for row, _ in mine]
+        ours = [row["id"] for row, _ in mine if row["id"] in inserted]
+        first, request_hash = mine[0][0]["idempotency_key"], mine[0][0]["request_hash"]
+        error: TffleetError | None = None
+        if any(row is None for row in found):  # deleted between our INSERT and SELECT
+            error = ServiceUnavailable(
+                f"Idempotency-Key {first!r}: its job was deleted while this request ran; try again"
+            )
+        elif any(row.request_hash != request_hash for row in found if row is not None):
+            error = IdempotencyKeyReused(
+                f"Idempotency-Key {first!r} was already used for a different request (model, "
+                "version, priority or inputs differ); send a new key for a new request"
+            )
+        if error is not None:
+            if ours:  # not committed yet: as if never stored
+                session.execute(delete(_inputs).where(_inputs.c.job_id.in_(ours)))
+                session.execute(delete(_jobs).where(_jobs.c.id.in_(ours)))
+            results.append(error)
+        else:
+            results.append(Submitted(jobs=[row for row in found if row is not None], created=ours))
+    return results
+
+
+def _keyed_row(job: NewJob, now: datetime) -> dict[str, Any]:
+    return {
+        "id": new_job_id(),
+        "model": job.model,
+        "version": job.version,
+        "status": JobStatus.QUEUED.value,
+        "priority": job.priority,
+        "samples": job.samples,
+        "attempts": 0,
+        "idempotency_key": job.idempotency_key,
+        "request_hash": job.request_hash,
+        "created_at": now,
+    }
+
+
+def _insert_unless_key_taken(session: Session) -> Any:
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return pg_insert(_jobs).on_conflict_do_nothing(index_elements=[_jobs.c.idempotency_key])
+    if dialect == "sqlite":
+        return sqlite_insert(_jobs).on_conflict_do_nothing(index_elements=[_jobs.c.idempotency_key])
+    raise NotImplementedError(f"idempotent submit is not implemented for {dialect}")
+
+
+def count_queued(*, session: Session) -> int:
+    """How many jobs wait for a worker (a count over the index `ix_jobs_status_id`)."""
+    query = select(func.count()).select_from(_jobs).where(_jobs.c.status == JobStatus.QUEUED.value)
+    return int(session.scalar(query) or 0)
 
 
 def get(*, session: Session, job_id: str) -> Job:
@@ -211,11 +357,21 @@ def _claim_ids(
             _jobs.c.attempts,
             _jobs.c.samples,
             _jobs.c.priority,
-            _jobs.c.inputs,
             _jobs.c.created_at,
         )
     )
     rows = session.execute(stmt).all()
+    inputs: dict[str, bytes] = (
+        dict(
+            session.execute(
+                select(_inputs.c.job_id, _inputs.c.data).where(
+                    _inputs.c.job_id.in_([row.id for row in rows])
+                )
+            ).all()
+        )
+        if rows
+        else {}
+    )
     return [
         Lease(
             job_id=row.id,
@@ -223,7 +379,7 @@ def _claim_ids(
             attempt=row.attempts,
             samples=row.samples,
             priority=row.priority,
-            inputs=row.inputs,
+            inputs=inputs.get(row.id, b""),
             created_at=row.created_at,
         )
         for row in rows

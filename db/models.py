@@ -6,8 +6,19 @@ import enum
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Dialect, Index, Integer, LargeBinary, String, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    select,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, deferred, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 
@@ -55,7 +66,6 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     samples: Mapped[int] = mapped_column(Integer)
-    inputs: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     outputs: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
@@ -81,6 +91,24 @@ class Job(Base):
         # The sweeper's purge: finished jobs, oldest first.
         Index("ix_jobs_finished_at", "finished_at"),
     )
+
+
+class JobInput(Base):
+    """A job's packed inputs, in a table of their own: claiming or finishing a job updates its
+    `jobs` row, and SQLite rewrites a whole row on update, blob and all."""
+
+    __tablename__ = "job_inputs"
+
+    job_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+# Read-only on Job, for convenience; db.jobs writes job_inputs rows itself.
+Job.inputs = deferred(
+    column_property(select(JobInput.data).where(JobInput.job_id == Job.id).scalar_subquery())
+)
 
 
 class ModelVersion(Base):

@@ -21,7 +21,11 @@ from db.migrate import upgrade
 POSTGRES_URL = os.environ.get(
     "TFFLEET_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
-REDIS_URL = os.environ.get("TFFLEET_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
+# A Redis database per test run (1 to 15, by process id), so two runs on one machine rarely share
+# queues, locks and channels; the fixture flushes it before and after each test.
+REDIS_URL = os.environ.get(
+    "TFFLEET_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{1 + os.getpid() % 15}"
+)
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 

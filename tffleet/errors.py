@@ -6,10 +6,12 @@
     │   ├── ModelNotFound           unknown model or version
     │   └── JobNotFound             unknown job id
     ├── Conflict                409
-    │   └── JobAlreadyFinished      cancel of a job that already ended
+    │   ├── JobAlreadyFinished      cancel of a job that already ended
+    │   └── IdempotencyKeyReused    an Idempotency-Key sent again with a different request
     ├── PayloadTooLarge         413
     ├── UnsupportedMediaType    415
     ├── InvalidInput            422  inputs that do not fit the model's signature
+    ├── QueueFull               429  more queued jobs than TFFLEET_MAX_QUEUED_JOBS allows
     └── ServiceUnavailable      503  database or broker unreachable
 
 The API maps each class to its HTTP status in one exception handler; the message always names
@@ -22,6 +24,7 @@ from __future__ import annotations
 class TffleetError(Exception):
     status_code = 500
     code = "internal"
+    headers: dict[str, str] = {}  # extra response headers (Retry-After, say)
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -55,6 +58,10 @@ class JobAlreadyFinished(Conflict):
     code = "job_finished"
 
 
+class IdempotencyKeyReused(Conflict):
+    code = "idempotency_key_reused"
+
+
 class PayloadTooLarge(TffleetError):
     status_code = 413
     code = "payload_too_large"
@@ -68,6 +75,12 @@ class UnsupportedMediaType(TffleetError):
 class InvalidInput(TffleetError):
     status_code = 422
     code = "invalid_input"
+
+
+class QueueFull(TffleetError):
+    status_code = 429
+    code = "queue_full"
+    headers = {"Retry-After": "1"}
 
 
 class ServiceUnavailable(TffleetError):

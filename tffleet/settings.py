@@ -24,10 +24,15 @@ class Settings(BaseSettings):
     api_port: int = 8000
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     max_wait_s: float = 30.0
+    # Submissions are refused (429) while this many jobs are queued; 0: no limit.
+    max_queued_jobs: int = Field(default=0, ge=0)
 
     # Jobs and leases.
     lease_s: float = Field(default=120.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
+    # How long one forward pass may run; its jobs then end `timeout` and the child is replaced.
+    # A model's model.toml may set its own (`timeout_s`).
+    job_timeout_s: float = Field(default=300.0, gt=0)
 
     # The sweeper: how often it runs, when a queued job's wake-up counts as lost, and how long
     # finished jobs (and their outputs) are kept.

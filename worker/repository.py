@@ -7,6 +7,7 @@ A version directory holds a TF2 SavedModel (`saved_model.pb`). An optional
     max_batch_size = 128
     max_queue_delay_ms = 2.0
     buckets = [1, 8, 32, 128]
+    timeout_s = 300.0          # default TFFLEET_JOB_TIMEOUT_S; a batch running longer: `timeout`
 
 This module only reads the file system; it never imports TensorFlow.
 """
@@ -36,6 +37,8 @@ class ModelConfig:
     max_batch_size: int = 128
     max_queue_delay_ms: float = 2.0
     buckets: tuple[int, ...] = ()
+    # How long one forward pass of this model may run before its jobs end `timeout`.
+    timeout_s: float = 300.0
 
     def bucket_sizes(self) -> tuple[int, ...]:
         """Padded batch sizes: powers of two up to max_batch_size unless configured."""
@@ -59,6 +62,7 @@ class ModelConfig:
             "max_batch_size": self.max_batch_size,
             "max_queue_delay_ms": self.max_queue_delay_ms,
             "buckets": list(self.bucket_sizes()),
+            "timeout_s": self.timeout_s,
         }
 
 
@@ -97,7 +101,7 @@ def read_config(model_dir: Path, *, defaults: ModelConfig) -> ModelConfig:
     if not file.is_file():
         return defaults
     raw = tomllib.loads(file.read_text())
-    known = {"signature", "max_batch_size", "max_queue_delay_ms", "buckets"}
+    known = {"signature", "max_batch_size", "max_queue_delay_ms", "buckets", "timeout_s"}
     unknown = set(raw) - known
     if unknown:
         raise ValueError(f"{file}: unknown keys {sorted(unknown)}; known keys are {sorted(known)}")
@@ -106,6 +110,7 @@ def read_config(model_dir: Path, *, defaults: ModelConfig) -> ModelConfig:
     if problem:
         raise ValueError(f"{file}: {problem}")
     values["buckets"] = tuple(values["buckets"])
+    values["timeout_s"] = float(values["timeout_s"])
     return ModelConfig(**values)
 
 
@@ -117,6 +122,7 @@ def _check(values: dict[str, Any]) -> str | None:
     """What is wrong with a config's values, or None. TOML has types: no silent conversion."""
     signature, size = values["signature"], values["max_batch_size"]
     delay, buckets = values["max_queue_delay_ms"], values["buckets"]
+    timeout = values["timeout_s"]
     if not isinstance(signature, str) or not signature:
         return f"signature must be a non-empty string, got {signature!r}"
     if not _is_int(size) or size < 1:
@@ -126,6 +132,9 @@ def _check(values: dict[str, Any]) -> str | None:
         return f"max_queue_delay_ms must be a number of at least 0, got {delay!r}"
     if not isinstance(buckets, list | tuple) or not all(_is_int(b) and b >= 1 for b in buckets):
         return f"buckets must be a list of integers of at least 1, got {buckets!r}"
+    number = _is_int(timeout) or isinstance(timeout, float)
+    if not number or not math.isfinite(timeout) or timeout <= 0:
+        return f"timeout_s must be a number above 0, got {timeout!r}"
     return None
 
 

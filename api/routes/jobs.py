@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
+import re
 import time
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
@@ -29,7 +33,7 @@ from api.validation import validate_inputs
 from db import jobs
 from db.models import FINISHED, JobStatus
 from tffleet import tensors
-from tffleet.errors import InvalidInput, TffleetError
+from tffleet.errors import InvalidInput, InvalidRequest, TffleetError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -61,6 +65,15 @@ _INLINE_BODY_BYTES = 64 * 1024
     status_code=202,
     response_model=JobOut | JobBatchOut,
     openapi_extra={
+        "parameters": [
+            {
+                "name": "Idempotency-Key",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "string", "maxLength": 128},
+                "description": "The same key and body again: the same job, nothing new stored.",
+            }
+        ],
         "requestBody": {
             "required": True,
             "content": {
@@ -73,30 +86,76 @@ _INLINE_BODY_BYTES = 64 * 1024
                     }
                 }
             },
-        }
+        },
     },
 )
 async def submit(request: Request) -> Response:
     """Validate jobs against their model's signature, store them, and wake a worker.
 
     The body is one job, or `{"jobs": [job, ...]}` to submit many at once (all or none).
+    With an `Idempotency-Key` header, a request sent again gets the jobs the first one stored
+    (409 if its body differs). 429 while the queue is full.
     """
     started = time.perf_counter()
     state = state_of(request)
+    key = _idempotency_key(request.headers.get("idempotency-key"))
     body = await read_json(request, max_bytes=state.settings.max_body_bytes)
     many = isinstance(body, dict) and "jobs" in body
     specs = _parse(JobBatchCreate, body).jobs if many else [_parse(JobCreate, body)]
     small = int(request.headers.get("content-length") or _INLINE_BODY_BYTES) < _INLINE_BODY_BYTES
     if small and all(state.signatures.cached(s.model, s.version) for s in specs):
-        new = _prepare(state, specs, many)
+        new = _prepare(state, specs, many, key)
     else:
-        new = await run_in_threadpool(_prepare, state, specs, many)
-    outs = await state.ingestor(new)
+        new = await run_in_threadpool(_prepare, state, specs, many, key)
+    await state.admission.admit(len(new))
+    ingested = await state.ingestor(new)
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
-    return json_response({"jobs": outs} if many else outs[0], 202)
+    outs = ingested.jobs
+    response = json_response({"jobs": outs} if many else outs[0], 202)
+    if key is not None:
+        response.headers["Idempotent-Replayed"] = "true" if ingested.replayed else "false"
+    return response
 
 
-def _prepare(state: AppState, specs: Sequence[JobCreate], many: bool) -> list[jobs.NewJob]:
+# Printable ASCII without spaces: job i > 0 of a keyed bulk request is stored under "KEY i".
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def _idempotency_key(header: str | None) -> str | None:
+    if header is None:
+        return None
+    key = header.strip()
+    if not _IDEMPOTENCY_KEY.match(key):
+        raise InvalidRequest(
+            "Idempotency-Key: must be 1 to 128 printable ASCII characters without spaces "
+            "(a UUID, say)"
+        )
+    return key
+
+
+def _request_hash(new: Sequence[jobs.NewJob]) -> str:
+    """sha256 of what a request asks for once resolved: model, version, priority, inputs."""
+    digest = hashlib.sha256()
+    for job in new:
+        digest.update(orjson.dumps([job.model, job.version, job.priority, len(job.inputs)]))
+        digest.update(job.inputs)
+    return digest.hexdigest()
+
+
+def _with_key(new: list[jobs.NewJob], key: str) -> list[jobs.NewJob]:
+    """Key each job: the first with the key itself, job i with "KEY i"; all with one hash."""
+    request_hash = _request_hash(new)
+    return [
+        dataclasses.replace(
+            job, idempotency_key=key if i == 0 else f"{key} {i}", request_hash=request_hash
+        )
+        for i, job in enumerate(new)
+    ]
+
+
+def _prepare(
+    state: AppState, specs: Sequence[JobCreate], many: bool, key: str | None = None
+) -> list[jobs.NewJob]:
     """Check every job against its signature before anything is stored."""
     prepared = []
     for index, spec in enumerate(specs):
@@ -118,7 +177,7 @@ def _prepare(state: AppState, specs: Sequence[JobCreate], many: bool) -> list[jo
                 priority=spec.priority,
             )
         )
-    return prepared
+    return _with_key(prepared, key) if key is not None else prepared
 
 
 async def _wait_for(
