@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from tffleet import __version__
+from tffleet.cli_client import add_client_commands
 
 
 def _apply_overrides(**overrides: object) -> None:
@@ -206,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     flower.add_argument("--basic-auth", help="user:password (default: TFFLEET_FLOWER_BASIC_AUTH)")
     flower.add_argument("--no-auth", action="store_true", help="allow running without a password")
     flower.set_defaults(func=cmd_flower)
+
+    add_client_commands(sub)  # submit, status
     return parser
 
 

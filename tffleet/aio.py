@@ -1,0 +1,185 @@
+"""The asyncio twin of `tffleet.client.Client`: the same methods, awaited.
+
+    async with AsyncClient("http://127.0.0.1:8000") as client:
+        outputs = await client.run("example", np.ones((1, 4), np.float32))
+
+It performs the same plans (`tffleet.client_plans`) as the blocking client, so the two send
+the same requests and read the answers the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from tffleet import client_plans as plans
+from tffleet.client import DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT_S
+from tffleet.client_job import Job, ModelInfo
+from tffleet.client_protocol import USER_AGENT, Call, Plan, Retries, build_request
+
+__all__ = ["AsyncClient"]
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """An asyncio client. `transport` replaces the network (`httpx.ASGITransport(app)` serves
+    an app in-process; `httpx.MockTransport` in tests)."""
+
+    def __init__(
+        self,
+        url: str | httpx.URL,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT_S,
+        retries: Retries | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self._retries = retries or Retries()
+        self._http = httpx.AsyncClient(
+            base_url=url,
+            timeout=self._timeout,
+            transport=transport,
+            headers={"User-Agent": USER_AGENT, **(headers or {})},
+        )
+
+    @property
+    def url(self) -> httpx.URL:
+        return self._http.base_url
+
+    async def submit(
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        version: int | None = None,
+        priority: int = 0,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        return await self._drive(
+            plans.submit(
+                model,
+                inputs,
+                version=version,
+                priority=priority,
+                idempotency_key=idempotency_key,
+                retries=self._retries,
+            )
+        )
+
+    async def submit_many(
+        self,
+        model: str,
+        inputs_list: Iterable[Any],
+        *,
+        version: int | None = None,
+        priority: int = 0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        idempotency_key: str | None = None,
+        progress: bool | None = False,
+    ) -> list[Job]:
+        return await self._drive(
+            plans.submit_many(
+                model,
+                inputs_list,
+                version=version,
+                priority=priority,
+                chunk_size=chunk_size,
+                chunk_bytes=chunk_bytes,
+                idempotency_key=idempotency_key,
+                progress=progress,
+                retries=self._retries,
+            )
+        )
+
+    async def get(self, job_id: str, *, encoding: str = "b64") -> Job:
+        return await self._drive(
+            plans.get(job_id, encoding=encoding, wait_s=0, retries=self._retries)
+        )
+
+    async def get_many(self, job_ids: Sequence[str], *, encoding: str = "b64") -> list[Job]:
+        return await self._drive(
+            plans.get_many(job_ids, encoding=encoding, wait_s=0, retries=self._retries)
+        )
+
+    async def wait(self, job_id: str, *, timeout: float | None = None) -> Job:
+        return await self._drive(plans.wait(job_id, timeout=timeout, retries=self._retries))
+
+    async def wait_all(
+        self,
+        job_ids: Sequence[str],
+        *,
+        timeout: float | None = None,
+        progress: bool | None = None,
+    ) -> list[Job]:
+        return await self._drive(
+            plans.wait_all(job_ids, timeout=timeout, progress=progress, retries=self._retries)
+        )
+
+    async def cancel(self, job_id: str) -> Job:
+        return await self._drive(plans.cancel(job_id, retries=self._retries))
+
+    async def models(self) -> list[ModelInfo]:
+        return await self._drive(plans.models(retries=self._retries))
+
+    async def run(
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        version: int | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        return await self._drive(
+            plans.run(
+                model,
+                inputs,
+                version=version,
+                priority=priority,
+                timeout=timeout,
+                retries=self._retries,
+            )
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _drive(self, plan: Plan[T]) -> T:
+        """Perform what the plan asks, one step at a time, until it returns."""
+        try:
+            op = next(plan)
+            while True:
+                if isinstance(op, Call):
+                    request = build_request(self._http, op, self._timeout)
+                    try:
+                        response = await self._http.send(request)
+                    except httpx.RequestError as exc:
+                        op = plan.throw(exc)
+                        continue
+                    op = plan.send(response)
+                else:
+                    await asyncio.sleep(op.seconds)
+                    op = plan.send(None)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        finally:
+            plan.close()

@@ -1,0 +1,223 @@
+"""`tffleet submit` and `tffleet status`: the Python client on the command line.
+
+Exit status: 0 done, 1 a job failed or the API refused or could not be reached, 2 bad usage or
+an input file that cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tffleet.client_job import Job
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+_ENVELOPE = frozenset({"b64", "dtype", "shape"})
+
+
+class UsageError(Exception):
+    """A bad argument or input file: reported as `tffleet: ...`, exit status 2."""
+
+
+def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    url = os.environ.get("TFFLEET_URL", DEFAULT_URL)
+
+    submit = sub.add_parser(
+        "submit",
+        help="submit a job from a .npy, .npz or JSON file; print its id (or, with --wait, result)",
+        description="INPUT: a .npy file (one array: the batch of a single-input model), a .npz "
+        "file (inputs by name), or a .json file or - (stdin) holding the job's `inputs`.",
+    )
+    submit.add_argument("model", metavar="MODEL")
+    submit.add_argument("input", metavar="INPUT")
+    submit.add_argument(
+        "--version", type=int, metavar="N", help="model version (default: the latest)"
+    )
+    submit.add_argument(
+        "--priority", type=int, default=0, metavar="P", help="higher runs first (default 0)"
+    )
+    submit.add_argument("--split", action="store_true", help="one job per sample of the batch")
+    submit.add_argument("--wait", action="store_true", help="wait and print the results as JSON")
+    submit.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S s")
+    submit.add_argument("--output", metavar="FILE", help="wait, and save the outputs to FILE.npz")
+    submit.add_argument("--url", default=url, help=f"the API (default $TFFLEET_URL or {url})")
+    submit.set_defaults(func=cmd_submit)
+
+    status = sub.add_parser(
+        "status",
+        help="print jobs as JSON lines",
+        description="Exit status 1 if, with --wait, some are still unfinished after S seconds.",
+    )
+    status.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    status.add_argument("--wait", type=float, metavar="S", help="wait up to S s for them to end")
+    status.add_argument("--url", default=url, help=f"the API (default $TFFLEET_URL or {url})")
+    status.set_defaults(func=cmd_status)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    return _guarded(_submit, args)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    return _guarded(_status, args)
+
+
+def _guarded(command: Any, args: argparse.Namespace) -> int:
+    from tffleet.client_errors import ClientError, ConnectError, WaitTimeout
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
+    try:
+        return int(command(args))
+    except UsageError as exc:
+        print(f"tffleet: {exc}", file=sys.stderr)
+        return 2
+    except WaitTimeout as exc:
+        _print_jobs(exc.jobs)
+        print(f"tffleet: {exc}", file=sys.stderr)
+        return 1
+    except ConnectError as exc:
+        print(f"tffleet: cannot reach the API at {args.url} ({exc})", file=sys.stderr)
+        return 1
+    except ClientError as exc:
+        print(f"tffleet: {exc}", file=sys.stderr)
+        return 1
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from tffleet.client import Client
+
+    output = Path(args.output) if args.output else None
+    if output is not None and output.suffix != ".npz":
+        raise UsageError(f"{output}: --output must name a .npz file")
+    inputs = read_inputs(args.input)
+    with Client(args.url) as client:
+        if not args.split:
+            job = client.submit(args.model, inputs, version=args.version, priority=args.priority)
+            if not (args.wait or output):
+                print(job.id)
+                return 0
+            jobs = [client.wait(job.id, timeout=args.timeout)]
+        else:
+            submitted = client.submit_many(
+                args.model,
+                split_samples(inputs, args.input),
+                version=args.version,
+                priority=args.priority,
+                progress=None,
+            )
+            if not (args.wait or output):
+                print("\n".join(job.id for job in submitted))
+                return 0
+            jobs = client.wait_all([job.id for job in submitted], timeout=args.timeout)
+    failed = [job for job in jobs if not job.ok]
+    for job in failed:
+        error = f"{job.error.code}: {job.error.message}" if job.error else job.status
+        print(f"tffleet: job {job.id} {job.status}: {error}", file=sys.stderr)
+    if output is None:
+        _print_jobs(jobs)
+    elif not failed:
+        _save(output, jobs)
+        print(f"tffleet: saved the outputs of {len(jobs)} job(s) to {output}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from tffleet.client import Client
+
+    with Client(args.url) as client:
+        if args.wait:
+            jobs = client.wait_all(args.job_ids, timeout=args.wait)
+        else:
+            jobs = client.get_many(args.job_ids)
+    _print_jobs(jobs)
+    return 0
+
+
+def read_inputs(source: str) -> Any:
+    """The `inputs` of a job from a .npy, .npz or JSON file, or JSON on stdin (`-`)."""
+    import zipfile
+
+    import numpy as np
+    import orjson
+
+    if source == "-":
+        try:
+            return orjson.loads(sys.stdin.buffer.read())
+        except orjson.JSONDecodeError as exc:
+            raise UsageError(f"stdin: not valid JSON ({exc})") from None
+    path = Path(source)
+    suffix = path.suffix.lower()
+    if suffix not in (".npy", ".npz", ".json"):
+        raise UsageError(f"{source}: expected a .npy, .npz or .json file, or - for JSON on stdin")
+    if not path.exists():
+        raise UsageError(f"{source}: no such file")
+    try:
+        if suffix == ".json":
+            return orjson.loads(path.read_bytes())
+        if suffix == ".npy":
+            return np.load(path, allow_pickle=False)
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except OSError as exc:
+        raise UsageError(f"{source}: {exc.strerror or exc}") from None
+    except (ValueError, EOFError, zipfile.BadZipFile) as exc:  # includes orjson's JSONDecodeError
+        raise UsageError(f"{source}: not a valid {suffix} file ({exc})") from None
+
+
+def split_samples(inputs: Any, source: str) -> list[Any]:
+    """One job's inputs per sample: every tensor cut along its first (batch) dimension."""
+    import numpy as np
+
+    from tffleet import tensors
+
+    def batch(value: Any) -> Any:
+        if isinstance(value, dict) and set(value) == _ENVELOPE:
+            try:
+                return tensors.decode(value, dtype=value["dtype"])
+            except (tensors.TensorError, KeyError) as exc:
+                raise UsageError(f"{source}: not a valid tensor ({exc})") from None
+        if isinstance(value, np.ndarray | list) and np.ndim(value) >= 1:
+            return value
+        raise UsageError(f"{source}: --split needs tensors with a batch dimension")
+
+    if isinstance(inputs, dict) and set(inputs) != _ENVELOPE:
+        named = {name: batch(value) for name, value in inputs.items()}
+        sizes = {len(value) for value in named.values()}
+        if len(sizes) > 1:
+            raise UsageError(f"{source}: --split needs inputs of one batch size, got {sizes}")
+        n = sizes.pop() if sizes else 0
+        samples: list[Any] = [{k: v[i : i + 1] for k, v in named.items()} for i in range(n)]
+    else:
+        whole = batch(inputs)
+        samples = [whole[i : i + 1] for i in range(len(whole))]
+    if not samples:
+        raise UsageError(f"{source}: the batch is empty; nothing to submit")
+    return samples
+
+
+def _print_jobs(jobs: list[Job]) -> None:
+    import orjson
+
+    for job in jobs:
+        print(orjson.dumps(job.to_dict()).decode(), flush=True)
+
+
+def _save(output: Path, jobs: list[Job]) -> None:
+    """One job's outputs as they are; many jobs' (from --split) joined back into one batch."""
+    import numpy as np
+
+    outputs = [job.outputs or {} for job in jobs]
+    arrays: dict[str, Any] = (
+        outputs[0]
+        if len(outputs) == 1
+        else {name: np.concatenate([out[name] for out in outputs]) for name in outputs[0]}
+    )
+    try:
+        np.savez(output, **arrays)
+    except OSError as exc:
+        raise UsageError(f"{output}: {exc.strerror or exc}") from None

@@ -1,0 +1,211 @@
+"""A Python client of the tffleet HTTP API (contract v1), blocking; `tffleet.aio` has its twin.
+
+    with Client("http://127.0.0.1:8000") as client:
+        job = client.submit("example", np.ones((2, 4), np.float32))
+        done = client.wait(job.id, timeout=60).raise_for_error()
+        done.outputs["output_0"]                      # a NumPy array
+
+    outputs = client.run("example", {"x": batch})   # submit, wait, raise JobFailed or return
+
+    jobs = client.submit_many("example", [x[i : i + 1] for i in range(len(x))])
+    done = client.wait_all([job.id for job in jobs])  # a progress bar for many jobs on a TTY
+
+Errors are in `tffleet.client_errors` (root `ClientError`). What each method sends and how it
+reads the answers is in `tffleet.client_plans` and `tffleet.client_protocol`, shared with the
+async client; this module only performs it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from tffleet import client_plans as plans
+from tffleet.client_job import Job, ModelInfo
+from tffleet.client_protocol import USER_AGENT, Call, Plan, Retries, build_request
+
+__all__ = ["Client", "Retries"]
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 10.0  # per request; a long-poll's read timeout adds its wait
+DEFAULT_CHUNK_SIZE = 256  # jobs per bulk submit request
+DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024  # body bytes per bulk submit request (the API takes 64 MiB)
+
+
+class Client:
+    """A blocking client. `transport` replaces the network (an `httpx.MockTransport` in tests).
+
+    `inputs` is a dict of input name to array (sent as a binary envelope, dtype kept) or nested
+    lists, or one bare array or list for a model with a single input.
+    """
+
+    def __init__(
+        self,
+        url: str | httpx.URL,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT_S,
+        retries: Retries | None = None,
+        transport: httpx.BaseTransport | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self._retries = retries or Retries()
+        self._http = httpx.Client(
+            base_url=url,
+            timeout=self._timeout,
+            transport=transport,
+            headers={"User-Agent": USER_AGENT, **(headers or {})},
+        )
+
+    @property
+    def url(self) -> httpx.URL:
+        return self._http.base_url
+
+    def submit(
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        version: int | None = None,
+        priority: int = 0,
+        idempotency_key: str | None = None,
+    ) -> Job:
+        """Submit one job (its inputs may hold a batch); returns it `queued`.
+
+        The request carries `idempotency_key` (a fresh one if None), so a retry after a lost
+        answer, or a later call with the same key and inputs, gets the same job back.
+        """
+        return self._drive(
+            plans.submit(
+                model,
+                inputs,
+                version=version,
+                priority=priority,
+                idempotency_key=idempotency_key,
+                retries=self._retries,
+            )
+        )
+
+    def submit_many(
+        self,
+        model: str,
+        inputs_list: Iterable[Any],
+        *,
+        version: int | None = None,
+        priority: int = 0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        idempotency_key: str | None = None,
+        progress: bool | None = False,
+    ) -> list[Job]:
+        """One job per item of `inputs_list` (each with its batch dimension: `x[i : i + 1]`,
+        not `x[i]`), sent in bulk requests of `chunk_size` jobs or `chunk_bytes`; returns the
+        jobs in order. A refused request raises with `.submitted`, the jobs stored before it."""
+        return self._drive(
+            plans.submit_many(
+                model,
+                inputs_list,
+                version=version,
+                priority=priority,
+                chunk_size=chunk_size,
+                chunk_bytes=chunk_bytes,
+                idempotency_key=idempotency_key,
+                progress=progress,
+                retries=self._retries,
+            )
+        )
+
+    def get(self, job_id: str, *, encoding: str = "b64") -> Job:
+        return self._drive(plans.get(job_id, encoding=encoding, wait_s=0, retries=self._retries))
+
+    def get_many(self, job_ids: Sequence[str], *, encoding: str = "b64") -> list[Job]:
+        """Many jobs in bulk status reads, in the order given."""
+        return self._drive(
+            plans.get_many(job_ids, encoding=encoding, wait_s=0, retries=self._retries)
+        )
+
+    def wait(self, job_id: str, *, timeout: float | None = None) -> Job:
+        """The job once it has finished; `WaitTimeout` if `timeout` seconds pass first."""
+        return self._drive(plans.wait(job_id, timeout=timeout, retries=self._retries))
+
+    def wait_all(
+        self,
+        job_ids: Sequence[str],
+        *,
+        timeout: float | None = None,
+        progress: bool | None = None,
+    ) -> list[Job]:
+        """Every job once all have finished, in the order given; `WaitTimeout` (with `.jobs`)
+        if `timeout` seconds pass first. `progress=None`: a bar for many jobs on a terminal."""
+        return self._drive(
+            plans.wait_all(job_ids, timeout=timeout, progress=progress, retries=self._retries)
+        )
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a queued or running job; `Conflict` if it had already finished."""
+        return self._drive(plans.cancel(job_id, retries=self._retries))
+
+    def models(self) -> list[ModelInfo]:
+        return self._drive(plans.models(retries=self._retries))
+
+    def run(
+        self,
+        model: str,
+        inputs: Any,
+        *,
+        version: int | None = None,
+        priority: int = 0,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Submit, wait, and return the outputs; `JobFailed` if the job did not succeed."""
+        return self._drive(
+            plans.run(
+                model,
+                inputs,
+                version=version,
+                priority=priority,
+                timeout=timeout,
+                retries=self._retries,
+            )
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _drive(self, plan: Plan[T]) -> T:
+        """Perform what the plan asks, one step at a time, until it returns."""
+        try:
+            op = next(plan)
+            while True:
+                if isinstance(op, Call):
+                    request = build_request(self._http, op, self._timeout)
+                    try:
+                        response = self._http.send(request)
+                    except httpx.RequestError as exc:
+                        op = plan.throw(exc)
+                        continue
+                    op = plan.send(response)
+                else:
+                    time.sleep(op.seconds)
+                    op = plan.send(None)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        finally:
+            plan.close()

@@ -1,0 +1,187 @@
+"""What the client hands back: a `Job` and a `ModelInfo`, small frozen values read off the wire."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from tffleet import tensors
+from tffleet.client_errors import JobCanceled, JobFailed, ProtocolError
+
+# The contract's statuses a job never leaves (db.models.FINISHED; a test keeps the two in step).
+FINISHED = frozenset({"succeeded", "failed", "canceled"})
+
+
+@dataclass(frozen=True)
+class JobError:
+    code: str  # invalid_input, model_error, worker_lost, timeout, ...
+    message: str
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the API last showed it. `outputs` is set once it has succeeded."""
+
+    id: str
+    model: str
+    version: int
+    status: str  # queued, running, succeeded, failed, canceled
+    priority: int
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: JobError | None
+    outputs: dict[str, np.ndarray] | None
+    worker: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+    def raise_for_error(self) -> Job:
+        """Raise `JobFailed` (or `JobCanceled`) if the job ended without outputs; else return it."""
+        if self.status == "canceled":
+            raise JobCanceled(self)
+        if self.status == "failed":
+            raise JobFailed(self)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job's JSON form, outputs as nested lists."""
+        return {
+            "id": self.id,
+            "model": self.model,
+            "version": self.version,
+            "status": self.status,
+            "priority": self.priority,
+            "attempts": self.attempts,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "error": (
+                {"code": self.error.code, "message": self.error.message} if self.error else None
+            ),
+            "outputs": (
+                {name: array.tolist() for name, array in self.outputs.items()}
+                if self.outputs is not None
+                else None
+            ),
+            "worker": self.worker,
+        }
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Job:
+        try:
+            error = data["error"]
+            outputs = data["outputs"]
+            return cls(
+                id=data["id"],
+                model=data["model"],
+                version=data["version"],
+                status=data["status"],
+                priority=data["priority"],
+                attempts=data["attempts"],
+                created_at=datetime.fromisoformat(data["created_at"]),
+                started_at=_datetime(data["started_at"]),
+                finished_at=_datetime(data["finished_at"]),
+                error=JobError(error["code"], error["message"]) if error else None,
+                outputs=(
+                    {name: decode_tensor(value) for name, value in outputs.items()}
+                    if outputs is not None
+                    else None
+                ),
+                worker=data.get("worker"),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"not a job: {exc!r} in {str(data)[:200]}") from None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    dtype: str
+    shape: list[int] | None  # -1 marks a free dimension; the first is the batch
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A registered model version and its signature."""
+
+    name: str
+    version: int
+    format: str
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    config: dict[str, Any]
+    registered_at: datetime | None
+
+    @classmethod
+    def from_wire(cls, data: Any) -> ModelInfo:
+        try:
+            return cls(
+                name=data["name"],
+                version=data["version"],
+                format=data.get("format", ""),
+                inputs={
+                    n: TensorSpec(s["dtype"], s.get("shape")) for n, s in data["inputs"].items()
+                },
+                outputs={
+                    n: TensorSpec(s["dtype"], s.get("shape")) for n, s in data["outputs"].items()
+                },
+                config=data.get("config") or {},
+                registered_at=_datetime(data.get("registered_at")),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"not a model: {exc!r} in {str(data)[:200]}") from None
+
+
+def encode_inputs(inputs: Any) -> Any:
+    """The wire form of `inputs`: arrays become binary envelopes, lists and envelopes pass as is.
+
+    An array keeps its dtype (the API refuses an envelope of another dtype than the signature's,
+    so cast float64 data to the model's float32 first); nested lists are cast by the API.
+    """
+    if isinstance(inputs, Mapping) and not _is_envelope(inputs):
+        return {name: _encode_tensor(value) for name, value in inputs.items()}
+    return _encode_tensor(inputs)
+
+
+def _encode_tensor(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return tensors.encode(value, encoding="b64")
+    if isinstance(value, tuple):
+        return np.asarray(value).tolist()
+    return value  # lists, envelopes; the API names anything else it cannot read
+
+
+def _is_envelope(value: Mapping[str, Any]) -> bool:
+    return set(value) == {"b64", "dtype", "shape"} and isinstance(value.get("b64"), str)
+
+
+def decode_tensor(value: Any) -> np.ndarray:
+    """An output off the wire, as a (writable) array: an envelope keeps its dtype."""
+    if isinstance(value, Mapping):
+        dtype = value.get("dtype")
+        if dtype not in tensors.DTYPES:
+            raise ProtocolError(f"output of unsupported dtype {dtype!r}")
+        try:
+            return tensors.decode(value, dtype=dtype).copy()
+        except tensors.TensorError as exc:
+            raise ProtocolError(f"output is not a valid tensor: {exc}") from None
+    return np.asarray(value)
+
+
+def _datetime(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value is not None else None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value is not None else None

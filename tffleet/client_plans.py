@@ -1,0 +1,270 @@
+"""The client's operations as plans (see `tffleet.client_protocol`), shared by both clients.
+
+Submit (one, or many in chunked bulk requests), read, long-poll one job or many, cancel, list
+the models. A plan yields `Call`s and `Sleep`s and returns what the client method returns.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+from tqdm import tqdm
+
+from tffleet.client_errors import ClientError, HTTPStatusError, ProtocolError, WaitTimeout
+from tffleet.client_job import Job, ModelInfo, encode_inputs
+from tffleet.client_protocol import Call, Plan, Retries, Sleep, send
+
+MAX_POLL_S = 30.0  # the longest `wait` the API holds a request for
+MAX_JOBS_PER_REQUEST = 10_000  # the API's limit on a bulk submit or a bulk status read
+IDS_PER_STATUS_READ = 1_000
+MIN_ROUND_S = 0.05  # between polling rounds that found jobs unfinished: completions batch up
+AUTO_PROGRESS_MIN_JOBS = 100
+
+# A bulk submit's error names the job by its index in the request: "jobs[3]: inputs.x: ..." for
+# signature errors, "jobs.3.priority: ..." for schema errors (one part per error, "; " between).
+_JOB_INDEX = re.compile(r"(^|; )jobs(\[|\.)(\d+)")
+
+
+def job_body(model: str, inputs: Any, *, version: int | None, priority: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "inputs": encode_inputs(inputs)}
+    if version is not None:
+        body["version"] = version
+    if priority:
+        body["priority"] = priority
+    return body
+
+
+def _dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def new_idempotency_key() -> str:
+    return uuid.uuid4().hex
+
+
+def _submit_call(body: bytes, idempotency_key: str) -> Call:
+    return Call("POST", "/v1/jobs", content=body, headers={"Idempotency-Key": idempotency_key})
+
+
+def submit(
+    model: str,
+    inputs: Any,
+    *,
+    version: int | None,
+    priority: int,
+    idempotency_key: str | None,
+    retries: Retries,
+) -> Plan[Job]:
+    body = _dumps(job_body(model, inputs, version=version, priority=priority))
+    call = _submit_call(body, idempotency_key or new_idempotency_key())
+    return Job.from_wire((yield from send(call, retries)))
+
+
+def submit_many(
+    model: str,
+    inputs_list: Iterable[Any],
+    *,
+    version: int | None,
+    priority: int,
+    chunk_size: int,
+    chunk_bytes: int,
+    idempotency_key: str | None,
+    progress: bool | None,
+    retries: Retries,
+) -> Plan[list[Job]]:
+    """One bulk request per `chunk_size` jobs or `chunk_bytes` of body, in order.
+
+    Each request is stored all or none. If one is refused, the jobs of the earlier ones stay
+    submitted: the error's `.submitted` lists them, and its message counts jobs from the first.
+    With an `idempotency_key`, request n carries "KEY.n": the same call again (same inputs and
+    chunking) gets the jobs stored before instead of new ones.
+    """
+    if not 1 <= chunk_size <= MAX_JOBS_PER_REQUEST:
+        raise ValueError(f"chunk_size must be 1 to {MAX_JOBS_PER_REQUEST}, got {chunk_size}")
+    bodies = (
+        _dumps(job_body(model, inputs, version=version, priority=priority))
+        for inputs in inputs_list
+    )
+    total = len(inputs_list) if isinstance(inputs_list, Sized) else None
+    submitted: list[Job] = []
+    with progress_bar(progress, total, "submit") as bar:
+        for n, chunk in enumerate(_chunked_bodies(bodies, chunk_size, chunk_bytes)):
+            key = f"{idempotency_key}.{n}" if idempotency_key else new_idempotency_key()
+            call = _submit_call(b'{"jobs":[' + b",".join(chunk) + b"]}", key)
+            try:
+                data = yield from send(call, retries)
+                jobs = [Job.from_wire(job) for job in data["jobs"]]
+            except ClientError as exc:
+                raise _after(exc, submitted) from exc.__cause__
+            except (KeyError, TypeError) as exc:
+                raise ProtocolError(f"not a bulk submit answer: {exc!r}") from None
+            if len(jobs) != len(chunk):
+                raise ProtocolError(f"sent {len(chunk)} jobs, {len(jobs)} came back")
+            submitted.extend(jobs)
+            bar.update(len(jobs))
+    return submitted
+
+
+def _chunked_bodies(
+    bodies: Iterable[bytes], chunk_size: int, chunk_bytes: int
+) -> Iterator[list[bytes]]:
+    chunk: list[bytes] = []
+    size = 0
+    for body in bodies:
+        if chunk and (len(chunk) >= chunk_size or size + len(body) + 1 > chunk_bytes):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(body)
+        size += len(body) + 1
+    if chunk:
+        yield chunk
+
+
+def _after(exc: ClientError, submitted: list[Job]) -> ClientError:
+    """The error of one chunk, as the caller of submit_many should see it."""
+    if isinstance(exc, HTTPStatusError) and submitted:
+        # The API counts jobs within its request; count them from the first of the whole call.
+        message = _JOB_INDEX.sub(
+            lambda m: f"{m[1]}jobs{m[2]}{int(m[3]) + len(submitted)}", exc.message
+        )
+        exc = type(exc)(exc.status_code, exc.code, message, response=exc.response)
+    exc.submitted = list(submitted)
+    return exc
+
+
+def get(job_id: str, *, encoding: str, wait_s: float, retries: Retries) -> Plan[Job]:
+    params = {"encoding": encoding}
+    if wait_s > 0:
+        params["wait"] = f"{wait_s:.3f}"
+    call = Call("GET", f"/v1/jobs/{quote(job_id, safe='')}", params=params, wait_s=wait_s)
+    return Job.from_wire((yield from send(call, retries)))
+
+
+def get_many(
+    job_ids: Sequence[str], *, encoding: str, wait_s: float, retries: Retries
+) -> Plan[list[Job]]:
+    """The jobs, in the order given. With `wait_s`, held until one of the first
+    `IDS_PER_STATUS_READ` unfinished ones ends; the rest are read as they are."""
+    found: dict[str, Job] = {}
+    unique = list(dict.fromkeys(job_ids))
+    for start in range(0, len(unique), IDS_PER_STATUS_READ):
+        ids = unique[start : start + IDS_PER_STATUS_READ]
+        held = wait_s if start == 0 else 0.0
+        body = {"ids": ids, "encoding": encoding, "wait": round(held, 3)}
+        data = yield from send(Call("POST", "/v1/jobs/status", content=_dumps(body)), retries)
+        try:
+            found.update((job.id, job) for job in map(Job.from_wire, data["jobs"]))
+        except (KeyError, TypeError) as exc:
+            raise ProtocolError(f"not a status answer: {exc!r}") from None
+    try:
+        return [found[job_id] for job_id in job_ids]
+    except KeyError as exc:
+        raise ProtocolError(f"job {exc} missing from the status answer") from None
+
+
+def wait(job_id: str, *, timeout: float | None, retries: Retries) -> Plan[Job]:
+    """Long-poll in rounds of up to `MAX_POLL_S` until the job finishes or `timeout` passes."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        started = time.monotonic()
+        job = yield from get(job_id, encoding="b64", wait_s=_round_s(deadline), retries=retries)
+        if job.finished:
+            return job
+        if deadline is not None and time.monotonic() >= deadline:
+            raise WaitTimeout(f"job {job_id} still {job.status} after {timeout} s", jobs=[job])
+        yield from _pause(started, deadline)
+
+
+def wait_all(
+    job_ids: Sequence[str], *, timeout: float | None, progress: bool | None, retries: Retries
+) -> Plan[list[Job]]:
+    """Wait for every job; each round re-reads only those still unfinished, so each job's
+    outputs come over once. Returns them in the order given."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    latest: dict[str, Job] = {}
+    pending = list(dict.fromkeys(job_ids))
+    with progress_bar(progress, len(pending), "wait") as bar:
+        while pending:
+            started = time.monotonic()
+            wait_s = _round_s(deadline)
+            jobs = yield from get_many(pending, encoding="b64", wait_s=wait_s, retries=retries)
+            latest.update((job.id, job) for job in jobs)
+            still = [job.id for job in jobs if not job.finished]
+            bar.update(len(pending) - len(still))
+            failed = sum(1 for job in latest.values() if job.finished and not job.ok)
+            if failed:
+                bar.set_postfix(failed=failed, refresh=False)
+            pending = still
+            if not pending:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"{len(pending)} of {len(latest)} jobs unfinished after {timeout} s",
+                    jobs=[latest[job_id] for job_id in job_ids],
+                )
+            yield from _pause(started, deadline)
+    return [latest[job_id] for job_id in job_ids]
+
+
+def _round_s(deadline: float | None) -> float:
+    if deadline is None:
+        return MAX_POLL_S
+    return max(0.0, min(MAX_POLL_S, deadline - time.monotonic()))
+
+
+def _pause(started: float, deadline: float | None) -> Plan[None]:
+    """Not before `MIN_ROUND_S` since the round began: a server that answers at once (an old
+    one, or one finishing jobs one by one) is not polled in a tight loop."""
+    until = started + MIN_ROUND_S
+    if deadline is not None:
+        until = min(until, deadline)
+    left = until - time.monotonic()
+    if left > 0:
+        yield Sleep(left)
+
+
+def cancel(job_id: str, *, retries: Retries) -> Plan[Job]:
+    # Canceling twice is not an error, so a cancel is safe to send again.
+    call = Call("POST", f"/v1/jobs/{quote(job_id, safe='')}/cancel")
+    return Job.from_wire((yield from send(call, retries)))
+
+
+def models(*, retries: Retries) -> Plan[list[ModelInfo]]:
+    data = yield from send(Call("GET", "/v1/models"), retries)
+    try:
+        return [ModelInfo.from_wire(item) for item in data["models"]]
+    except (KeyError, TypeError) as exc:
+        raise ProtocolError(f"not a model list: {exc!r}") from None
+
+
+def run(
+    model: str,
+    inputs: Any,
+    *,
+    version: int | None,
+    priority: int,
+    timeout: float | None,
+    retries: Retries,
+) -> Plan[dict[str, Any]]:
+    job = yield from submit(
+        model, inputs, version=version, priority=priority, idempotency_key=None, retries=retries
+    )
+    done = yield from wait(job.id, timeout=timeout, retries=retries)
+    outputs = done.raise_for_error().outputs
+    if outputs is None:
+        raise ProtocolError(f"job {job.id} succeeded but its outputs are gone (purged?)")
+    return outputs
+
+
+def progress_bar(progress: bool | None, total: int | None, what: str) -> tqdm[Any]:
+    """`progress` True or False; None: shown for many jobs when stderr is a terminal."""
+    if progress is None:
+        progress = (total or 0) > AUTO_PROGRESS_MIN_JOBS and sys.stderr.isatty()
+    return tqdm(total=total, desc=what, unit="job", disable=not progress, dynamic_ncols=True)

@@ -1,0 +1,142 @@
+"""The v1 HTTP contract without I/O, shared by `Client` and `AsyncClient`: one request.
+
+Each operation (`tffleet.client_plans`) is a *plan*: a generator that yields what to do next, a
+`Call` (one HTTP request) or a `Sleep`, and is sent the `httpx.Response` back (or has the
+transport's error thrown in). The two clients only drive plans, one blocking and one with
+`await`; every decision (what to send, retries, chunking, long-poll rounds, deadlines, reading
+the answers) is made once, here and in `client_plans`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+import orjson
+
+from tffleet import __version__
+from tffleet.client_errors import (
+    BY_STATUS,
+    ConnectError,
+    HTTPStatusError,
+    ProtocolError,
+    TransportError,
+)
+
+T = TypeVar("T")
+
+USER_AGENT = f"tffleet-client/{__version__}"
+
+_RETRY_STATUSES = frozenset({429, 503})  # the contract: an error response leaves no job behind
+_NOT_CONNECTED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One HTTP request, safe to send again. `wait_s`: how long the server may hold it."""
+
+    method: str
+    path: str
+    params: dict[str, str] | None = None
+    content: bytes | None = None
+    headers: dict[str, str] | None = None
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+Op = Call | Sleep
+Plan = Generator[Op, Any, T]
+
+
+@dataclass(frozen=True)
+class Retries:
+    """When a call is tried again, and how long to back off (doubling, with jitter).
+
+    Every call is retried after a transport error or a 429 or 503 answer (which, by the
+    contract, stored nothing). Every call is safe to repeat: reads and cancels by nature, and a
+    submit carries an `Idempotency-Key`, so one sent again gets the jobs the first one stored.
+    """
+
+    attempts: int = 3  # retries after the first try
+    backoff_s: float = 0.2
+    max_backoff_s: float = 2.0
+
+    def delay_s(self, retry: int) -> float:
+        return min(self.max_backoff_s, self.backoff_s * 2**retry) * random.uniform(0.5, 1.0)
+
+
+# One request, retried and read
+
+
+def send(call: Call, retries: Retries) -> Plan[Any]:
+    """Send `call` until it is answered; returns the decoded JSON of a 2xx answer."""
+    retry = 0
+    while True:
+        try:
+            response: httpx.Response = yield call
+        except httpx.RequestError as exc:
+            if not isinstance(exc, httpx.TransportError) or retry >= retries.attempts:
+                raise _transport_error(exc, call) from exc
+        else:
+            if response.status_code not in _RETRY_STATUSES or retry >= retries.attempts:
+                return read(response)
+        yield Sleep(retries.delay_s(retry))
+        retry += 1
+
+
+def read(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        raise error_for(response)
+    try:
+        return orjson.loads(response.content)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"{response.status_code} answer is not JSON: {exc}") from None
+
+
+def error_for(response: httpx.Response) -> HTTPStatusError:
+    try:
+        error = orjson.loads(response.content)["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):  # a proxy's page, say
+        code, message = "http_error", response.text[:200] or response.reason_phrase
+    cls = BY_STATUS.get(response.status_code, HTTPStatusError)
+    return cls(response.status_code, code, message, response=response)
+
+
+def _transport_error(exc: httpx.RequestError, call: Call) -> TransportError:
+    try:
+        where = str(exc.request.url)
+    except RuntimeError:  # raised by a transport that attached no request
+        where = call.path
+    cls = ConnectError if isinstance(exc, _NOT_CONNECTED) else TransportError
+    return cls(f"{call.method} {where}: {type(exc).__name__}: {exc}")
+
+
+def timeout_for(call: Call, base: httpx.Timeout) -> httpx.Timeout:
+    """A long-poll may stay silent for `wait_s` on top of the usual read timeout."""
+    if not call.wait_s or base.read is None:
+        return base
+    return httpx.Timeout(
+        connect=base.connect, read=base.read + call.wait_s, write=base.write, pool=base.pool
+    )
+
+
+def build_request(
+    http: httpx.Client | httpx.AsyncClient, call: Call, base: httpx.Timeout
+) -> httpx.Request:
+    headers = {"Content-Type": "application/json"} if call.content is not None else {}
+    return http.build_request(
+        call.method,
+        call.path,
+        params=call.params,
+        content=call.content,
+        headers={**headers, **(call.headers or {})},
+        timeout=timeout_for(call, base),
+    )
