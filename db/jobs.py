@@ -677,3 +677,108 @@ def purge_finished(*, session: Session, older_than: datetime, limit: int) -> int
         return 0
     result = session.execute(delete(_jobs).where(_jobs.c.id.in_(ids)))
     return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+# Isolation. A job claimed before that did not end (its worker died, its batch ran past its time
+# limit, its result could not be written) may be what went wrong: from then on it runs alone, so a
+# job that crashes its worker costs no other job an attempt. `attempts > 0` on a queued job marks
+# it. Rows are chosen with SELECT ... FOR UPDATE before `_claim_ids` moves them, so the choice
+# still holds when they move (PostgreSQL; SQLite serializes writers). `claim_named` and
+# `claim_next_fresh` skip a row someone else holds (a top-up, another claimer, a cancel or the
+# sweeper's republish is on it); `claim_retried` waits for it.
+
+_QUEUED = _jobs.c.status == JobStatus.QUEUED.value
+_NEVER_CLAIMED = _jobs.c.attempts == 0
+
+
+@dataclass(frozen=True)
+class NamedClaim:
+    leases: list[Lease]  # the named jobs never claimed before, now claimed, in the order named
+    retried: list[str]  # the named jobs claimed before and queued again: for `claim_retried`
+
+
+def claim_named(
+    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
+) -> NamedClaim:
+    """`claim` for the named jobs never claimed before; the others are only reported."""
+    if not job_ids:
+        return NamedClaim(leases=[], retried=[])
+    rows = session.execute(
+        select(_jobs.c.id, _jobs.c.attempts)
+        .where(_jobs.c.id.in_(job_ids), _QUEUED)
+        .order_by(_jobs.c.id)
+        .with_for_update(skip_locked=True)
+    ).all()
+    fresh = {row.id for row in rows if row.attempts == 0}
+    leases = claim(
+        session=session,
+        job_ids=[job_id for job_id in job_ids if job_id in fresh],
+        owner=owner,
+        lease_s=lease_s,
+        worker=worker,
+    )
+    return NamedClaim(leases=leases, retried=[row.id for row in rows if row.attempts > 0])
+
+
+def claim_next_fresh(
+    *,
+    session: Session,
+    model: str,
+    version: int,
+    owner: str,
+    lease_s: float,
+    max_samples: int,
+    worker: str = "",
+    take_oversized: bool = True,
+) -> list[Lease]:
+    """`claim_next` for jobs never claimed before: what tops a batch up."""
+    if max_samples <= 0:
+        return []
+    candidates = session.execute(
+        select(_jobs.c.id, _jobs.c.samples)
+        .where(_jobs.c.model == model, _jobs.c.version == version, _QUEUED, _NEVER_CLAIMED)
+        .order_by(_jobs.c.priority.desc(), _jobs.c.id)
+        .limit(max_samples)
+        .with_for_update(skip_locked=True)
+    ).all()
+    chosen: list[str] = []
+    room = max_samples
+    for row in candidates:
+        if row.samples <= room:
+            chosen.append(row.id)
+            room -= row.samples
+        elif not chosen and take_oversized:
+            chosen.append(row.id)
+            break
+        if room == 0:
+            break
+    leases = _claim_ids(
+        session=session, job_ids=chosen, owner=owner, lease_s=lease_s, worker=worker or owner
+    )
+    rank = {job_id: i for i, job_id in enumerate(chosen)}
+    return sorted(leases, key=lambda lease: rank[lease.job_id])
+
+
+def claim_retried(
+    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
+) -> Lease | None:
+    """Claim one of the named queued jobs that were claimed before (the oldest), to run alone.
+
+    It waits for a row another transaction holds, where `claim_named` skips it: a claimer that
+    was told of a job (`NamedClaim.retried`) must not miss it because another one was looking.
+    """
+    if not job_ids:
+        return None
+    job_id = session.scalars(
+        select(_jobs.c.id)
+        .where(_jobs.c.id.in_(job_ids), _QUEUED, _jobs.c.attempts > 0)
+        .order_by(_jobs.c.id)
+        .limit(1)
+        .with_for_update()
+    ).first()
+    if job_id is None:
+        return None
+    leases = _claim_ids(
+        session=session, job_ids=[job_id], owner=owner, lease_s=lease_s, worker=worker or owner
+    )
+    return leases[0] if leases else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -59,6 +59,16 @@ class Settings(BaseSettings):
 
         parse_devices(value)  # raises ValueError with a clear message
         return value
+
+    @model_validator(mode="after")
+    def _timeout_below_visibility(self) -> Settings:
+        # A batch past its time limit must end before Redis hands its message to another worker.
+        if self.job_timeout_s >= self.visibility_timeout_s:
+            raise ValueError(
+                f"TFFLEET_JOB_TIMEOUT_S ({self.job_timeout_s:g}) must be below "
+                f"TFFLEET_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s})"
+            )
+        return self
 
 
 @lru_cache

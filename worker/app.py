@@ -33,6 +33,11 @@ def make_celery(settings: Settings) -> Celery:
         # A child loads and warms its models in worker_process_init; Celery must wait for it.
         worker_proc_alive_timeout=settings.model_load_timeout_s,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        # A batch's own time limit (job_timeout_s) is kept by the child itself, which then ends
+        # (worker/batching.py). This is the last resort for a child stuck anywhere else (a
+        # database call that never returns): the pool kills it once Redis would hand its
+        # message to another worker anyway; its leases expire and the sweeper retries the jobs.
+        task_time_limit=settings.visibility_timeout_s,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         worker_cancel_long_running_tasks_on_connection_loss=False,

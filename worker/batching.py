@@ -7,6 +7,7 @@ a function instead of TensorFlow.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs
@@ -25,6 +27,11 @@ from worker import metrics
 log = logging.getLogger(__name__)
 
 _TOP_UP_POLL_S = 0.0005
+
+# Database faults that are nobody's fault but the database's: the task retries with backoff.
+INFRA_ERRORS = (OperationalError, InterfaceError)
+# The exit status of a child that ended itself because a batch ran past its time limit.
+TIMEOUT_EXIT_CODE = 75
 
 
 class Runner(Protocol):
@@ -38,6 +45,8 @@ class BatchPolicy:
     max_batch_size: int
     max_queue_delay_ms: float
     buckets: tuple[int, ...]
+    # How long one batch's forward passes may run (None: no limit); see `Batcher`.
+    timeout_s: float | None = None
 
     def padded_size(self, samples: int) -> int:
         """The smallest bucket that holds `samples`, so shapes repeat and nothing retraces."""
@@ -58,17 +67,55 @@ class BatchReport:
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
+    def add(self, other: BatchReport) -> None:
+        for name, value in other.as_dict().items():
+            setattr(self, name, getattr(self, name) + value)
+
+
+@dataclass
+class _Running:
+    """The batch whose forward passes are running now: the leases the heartbeat keeps alive."""
+
+    model: str
+    version: int
+    leases: list[Lease]
+    timeout_s: float | None
+    deadline: float | None  # time.monotonic() after which the batch has run too long
+
+
+def _end_process() -> None:
+    # A forward pass cannot be interrupted from Python, so the only way to free the device is to
+    # end this process. Celery sees its child die, redelivers the message it was running
+    # (task_reject_on_worker_lost), and starts a new child on the same pool index: the same device.
+    os._exit(TIMEOUT_EXIT_CODE)
+
+
+def _no_wake(model: str, version: int, job_ids: Sequence[str]) -> None:
+    """Without a publisher, jobs handed back wait for their message or the sweeper."""
+
 
 @dataclass
 class Batcher:
-    """Runs batches for one child: its sessions, its identity, how to tell the API a job ended."""
+    """Runs batches for one child: its sessions, its identity, how to tell the API a job ended.
+
+    Time limit: a batch whose forward passes run past `policy.timeout_s` is ended by the heartbeat
+    thread. A lone job fails `timeout`; the jobs of a larger batch go back to the queue, where
+    each then runs alone (they were claimed before), so only the slow one fails. Then the thread
+    calls `on_timeout`, which ends the process (the stuck forward pass holds the device).
+    """
 
     sessions: sessionmaker[Session]
     owner: str
     lease_s: float
     notify: Callable[[Sequence[str]], None]
-    _held: list[Lease] = field(default_factory=list, init=False, repr=False)
-    _beat_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    # Publishes a wake-up for jobs handed back to the queue: (model, version, job ids).
+    wake: Callable[[str, int, Sequence[str]], object] = _no_wake
+    # Called once a timed-out batch's jobs are dealt with; tests record instead of exiting.
+    on_timeout: Callable[[], None] = _end_process
+    _running: _Running | None = field(default=None, init=False, repr=False)
+    _beat_cond: threading.Condition = field(
+        default_factory=threading.Condition, init=False, repr=False
+    )
     _beater: threading.Thread | None = field(default=None, init=False, repr=False)
     # Whether the last batch found other jobs waiting: only then is waiting for more worth it.
     _queue_busy: bool = field(default=False, init=False, repr=False)
@@ -83,23 +130,47 @@ class Batcher:
         policy: BatchPolicy,
     ) -> BatchReport:
         """Run the jobs a message names, in batches of at most `max_batch_size` jobs, each topped
-        up with other queued jobs of the same model version."""
+        up with other queued jobs of the same model version.
+
+        A named job that was claimed before and did not end (its worker died, its batch timed
+        out) may be what killed that batch: it runs alone, after the others, so a job that
+        crashes its child takes no other job with it.
+
+        Raises `INFRA_ERRORS` when the database fails; the leases held are handed back first
+        where the database still answers.
+        """
         report = BatchReport()
+        retried: list[str] = []
         step = policy.max_batch_size
         for start in range(0, max(len(job_ids), 1), step):
-            part = self._run_batch(
-                model=model,
-                version=version,
-                job_ids=job_ids[start : start + step],
-                runner=runner,
-                policy=policy,
+            report.add(
+                self._run_batch(
+                    retried,
+                    model=model,
+                    version=version,
+                    job_ids=job_ids[start : start + step],
+                    runner=runner,
+                    policy=policy,
+                )
             )
-            for name, value in part.as_dict().items():
-                setattr(report, name, getattr(report, name) + value)
+        while retried:
+            with self.sessions.begin() as session:
+                lease = jobs.claim_retried(
+                    session=session, job_ids=retried, owner=self.owner, lease_s=self.lease_s
+                )
+            if lease is None:
+                break
+            retried.remove(lease.job_id)
+            report.add(
+                self._run_leases(
+                    model=model, version=version, leases=[lease], runner=runner, policy=policy
+                )
+            )
         return report
 
     def _run_batch(
         self,
+        retried: list[str],
         *,
         model: str,
         version: int,
@@ -107,45 +178,99 @@ class Batcher:
         runner: Runner,
         policy: BatchPolicy,
     ) -> BatchReport:
-        leases = self._claim(model=model, version=version, job_ids=job_ids, policy=policy)
-        report = BatchReport(claimed=len(leases), samples=sum(lease.samples for lease in leases))
+        """Claim and run one batch; adds to `retried` the named jobs that must run alone."""
+        leases: list[Lease] = []
+        try:
+            self._claim(
+                leases, retried, model=model, version=version, job_ids=job_ids, policy=policy
+            )
+        except INFRA_ERRORS:
+            self._hand_back(model, version, leases)
+            raise
         if not leases:
-            return report
+            return BatchReport()
+        return self._run_leases(
+            model=model, version=version, leases=leases, runner=runner, policy=policy
+        )
+
+    def _run_leases(
+        self,
+        *,
+        model: str,
+        version: int,
+        leases: list[Lease],
+        runner: Runner,
+        policy: BatchPolicy,
+    ) -> BatchReport:
+        report = BatchReport(claimed=len(leases), samples=sum(lease.samples for lease in leases))
         _observe_claim(model, leases)
         started = time.perf_counter()
-        with self._heartbeat(leases):
+        with self._heartbeat(model, version, leases, policy.timeout_s):
             outcomes = run_leases(leases, runner=runner, policy=policy)
         metrics.BATCH_SECONDS.labels(model).observe(time.perf_counter() - started)
         succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
         failed = [(lease, out) for lease, out in outcomes if isinstance(out, str)]
-        with self.sessions.begin() as session:
-            report.written = jobs.complete(session=session, results=succeeded)
-            for lease, message in failed:
-                report.written += jobs.fail(
-                    session=session, leases=[lease], code="model_error", message=message
-                )
+        try:
+            with self.sessions.begin() as session:
+                report.written = jobs.complete(session=session, results=succeeded)
+                for lease, message in failed:
+                    report.written += jobs.fail(
+                        session=session, leases=[lease], code="model_error", message=message
+                    )
+        except INFRA_ERRORS:
+            self._hand_back(model, version, leases)
+            raise
         report.succeeded, report.failed = len(succeeded), len(failed)
         metrics.JOBS_FINISHED.labels(model, "succeeded").inc(report.succeeded)
         metrics.JOBS_FINISHED.labels(model, "failed").inc(report.failed)
         self.notify([lease.job_id for lease in leases])
         return report
 
+    def _hand_back(self, model: str, version: int, leases: Sequence[Lease]) -> None:
+        """Return held jobs to the queue after an infrastructure fault, if the database answers;
+        if not, their leases expire and the sweeper requeues them."""
+        if not leases:
+            return
+        try:
+            with self.sessions.begin() as session:
+                released = jobs.release(session=session, leases=leases)
+        except Exception as exc:
+            log.warning(
+                "could not hand back %d %s jobs (%s: %s); the sweeper requeues them once their "
+                "leases expire",
+                len(leases), model, type(exc).__name__, exc,
+            )  # fmt: skip
+            return
+        log.warning("handed back %d %s jobs after a database error", released, model)
+        self.wake(model, version, [lease.job_id for lease in leases])
+
     def _claim(
-        self, *, model: str, version: int, job_ids: Sequence[str], policy: BatchPolicy
-    ) -> list[Lease]:
-        """The named jobs still queued, topped up with other queued jobs of this model version
-        (priority, then age).
+        self,
+        leases: list[Lease],
+        retried: list[str],
+        *,
+        model: str,
+        version: int,
+        job_ids: Sequence[str],
+        policy: BatchPolicy,
+    ) -> None:
+        """Claim into `leases` the named jobs still queued and never claimed before, topped up
+        with other such jobs of this model version (priority, then age); add to `retried` the
+        named jobs that were claimed before.
 
         While the queue is busy (the last top-up found jobs) it waits up to max_queue_delay_ms for
         more to arrive; at idle a lone job runs at once instead of waiting for company.
+        `leases` holds what was claimed even when a later statement raises.
         """
         deadline = time.monotonic() + policy.max_queue_delay_ms / 1000
         topped_up = False
         with self.sessions.begin() as session:
-            leases = jobs.claim(
+            named = jobs.claim_named(
                 session=session, job_ids=job_ids, owner=self.owner, lease_s=self.lease_s
             )
-            more = self._top_up(session, model, version, leases, policy)
+            more = self._top_up(session, model, version, named.leases, policy)
+        leases.extend(named.leases)
+        retried.extend(named.retried)
         while more or (self._queue_busy and leases and time.monotonic() < deadline):
             topped_up = topped_up or bool(more)
             leases.extend(more)
@@ -156,7 +281,6 @@ class Batcher:
             with self.sessions.begin() as session:
                 more = self._top_up(session, model, version, leases, policy)
         self._queue_busy = topped_up
-        return leases
 
     def _top_up(
         self,
@@ -169,7 +293,7 @@ class Batcher:
         room = policy.max_batch_size - sum(lease.samples for lease in leases)
         if room <= 0:
             return []
-        return jobs.claim_next(
+        return jobs.claim_next_fresh(
             session=session,
             model=model,
             version=version,
@@ -179,38 +303,98 @@ class Batcher:
             take_oversized=not leases,
         )
 
+    # The heartbeat thread: keeps the running batch's leases alive, and ends it at its deadline.
+
     @contextmanager
-    def _heartbeat(self, leases: list[Lease]) -> Iterator[None]:
-        """Extend these leases every third of their length while the batch runs.
+    def _heartbeat(
+        self, model: str, version: int, leases: list[Lease], timeout_s: float | None
+    ) -> Iterator[None]:
+        """Extend these leases every third of their length while the batch runs; end the batch
+        if it runs past `timeout_s`.
 
         One thread per child beats whatever batch is current; starting one per batch would cost
         more than a small batch's forward pass.
         """
-        with self._beat_lock:
-            self._held = list(leases)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        running = _Running(model, version, list(leases), timeout_s, deadline)
+        with self._beat_cond:
+            self._running = running
             if self._beater is None:
                 self._beater = threading.Thread(
                     target=self._beat, name="lease-heartbeat", daemon=True
                 )
                 self._beater.start()
+            self._beat_cond.notify()
         try:
             yield
         finally:
-            with self._beat_lock:
-                self._held = []
+            # Waits while the heartbeat thread is timing this batch out: the batch then never
+            # writes (in a worker, the process ends first).
+            with self._beat_cond:
+                if self._running is running:
+                    self._running = None
 
     def _beat(self) -> None:
+        interval = self.lease_s / 3
+        next_beat = time.monotonic() + interval
         while True:
-            time.sleep(self.lease_s / 3)
-            with self._beat_lock:
-                held = list(self._held)
-            if not held:
+            with self._beat_cond:
+                now = time.monotonic()
+                running = self._running
+                deadline = running.deadline if running is not None else None
+                if deadline is not None and now >= deadline:
+                    assert running is not None
+                    self._time_out(running)
+                    self._running = None
+                    continue
+                due = next_beat if deadline is None else min(next_beat, deadline)
+                if now < due:
+                    self._beat_cond.wait(due - now)
+                    continue
+            next_beat = now + interval
+            if running is None:
                 continue
             try:
                 with self.sessions.begin() as session:
-                    jobs.heartbeat(session=session, leases=held, lease_s=self.lease_s)
+                    jobs.heartbeat(session=session, leases=running.leases, lease_s=self.lease_s)
             except Exception:
                 log.exception("lease heartbeat failed; will retry")
+
+    def _time_out(self, batch: _Running) -> None:
+        """End a batch that ran too long (called holding `_beat_cond`, so it cannot finish
+        meanwhile), then call `on_timeout`."""
+        ids = [lease.job_id for lease in batch.leases]
+        alone = len(ids) == 1
+        log.error(
+            "a batch of %d %s:%s jobs ran past its %gs time limit (%s); %s; ending this child, "
+            "whose forward pass cannot be interrupted",
+            len(ids), batch.model, batch.version, batch.timeout_s, ", ".join(ids),
+            "it fails `timeout`" if alone else "they go back to the queue to run alone",
+        )  # fmt: skip
+        try:
+            with self.sessions.begin() as session:
+                if alone:
+                    jobs.fail(
+                        session=session,
+                        leases=batch.leases,
+                        code="timeout",
+                        message=f"its forward pass ran longer than the model's time limit "
+                        f"({batch.timeout_s:g}s, timeout_s)",
+                    )
+                else:
+                    jobs.release(session=session, leases=batch.leases)
+        except Exception:
+            log.exception(
+                "could not record the time-out; the leases expire and the sweeper takes the "
+                "jobs back"
+            )
+        else:
+            if alone:
+                metrics.JOBS_FINISHED.labels(batch.model, "failed").inc()
+                self.notify(ids)
+            else:
+                self.wake(batch.model, batch.version, ids)
+        self.on_timeout()
 
 
 def _observe_claim(model: str, leases: Sequence[Lease]) -> None:

@@ -70,7 +70,9 @@ def init() -> None:
     # Before TensorFlow is imported: this child must see its own device and nothing else.
     os.environ.update(pin_environment(device, cpu_threads=threads))
 
+    from api.publish import Publisher
     from worker import runtime  # the first TensorFlow import in this process
+    from worker.app import celery_app
 
     runtime.configure_threads(intra_op=threads)
     owner = f"{socket.gethostname()}/{os.getpid()}/{device}/{uuid.uuid4().hex[:6]}"
@@ -86,10 +88,20 @@ def init() -> None:
                 "could not publish completion of %d jobs; pollers will see it late", len(job_ids)
             )
 
-    batcher = Batcher(sessions=sessions, owner=owner, lease_s=settings.lease_s, notify=notify)
+    publisher = Publisher(celery_app)
+
+    def wake(model: str, version: int, job_ids: Sequence[str]) -> None:
+        # A failed publish is logged by the publisher; the sweeper republishes the jobs later.
+        publisher.publish(model=model, version=version, job_ids=job_ids)
+
+    batcher = Batcher(
+        sessions=sessions, owner=owner, lease_s=settings.lease_s, notify=notify, wake=wake
+    )
     child = Child(device=device, engine=engine, batcher=batcher)
     defaults = ModelConfig(
-        max_batch_size=settings.max_batch_size, max_queue_delay_ms=settings.max_queue_delay_ms
+        max_batch_size=settings.max_batch_size,
+        max_queue_delay_ms=settings.max_queue_delay_ms,
+        timeout_s=settings.job_timeout_s,
     )
     for spec in scan(settings.model_repository, defaults=defaults):
         key = (spec.name, spec.version)
@@ -106,6 +118,7 @@ def init() -> None:
             max_batch_size=spec.config.max_batch_size,
             max_queue_delay_ms=spec.config.max_queue_delay_ms,
             buckets=spec.config.bucket_sizes(),
+            timeout_s=spec.config.timeout_s,
         )
         child.models[key] = LoadedModel(spec=spec, runner=runner, policy=policy)
         with sessions.begin() as session:

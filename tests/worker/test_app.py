@@ -57,6 +57,20 @@ def test_redis_redelivers_only_after_the_visibility_timeout_from_settings(
     assert conf.broker_transport_options["visibility_timeout"] > settings.lease_s
 
 
+def test_a_child_stuck_past_the_visibility_timeout_is_killed_by_the_pool(
+    settings: Settings,
+) -> None:
+    conf = make_celery(settings).conf
+
+    assert conf.task_time_limit == settings.visibility_timeout_s
+
+
+def test_a_jobs_time_limit_must_be_below_the_visibility_timeout() -> None:
+    with pytest.raises(ValueError, match="TFFLEET_JOB_TIMEOUT_S"):
+        Settings(job_timeout_s=600, visibility_timeout_s=600)
+    assert Settings(job_timeout_s=599, visibility_timeout_s=600).job_timeout_s == 599
+
+
 def test_the_shared_app_is_built_from_the_process_settings() -> None:
     settings = get_settings()
 
@@ -75,6 +89,19 @@ def test_run_batch_is_registered_under_its_stable_name() -> None:
     assert task.name == "tffleet.run_batch"
     assert task.acks_late is True
     assert task.reject_on_worker_lost is True
+
+
+def test_run_batch_retries_database_errors_with_backoff_and_nothing_else() -> None:
+    from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
+
+    import worker.tasks  # noqa: F401  (registers the task)
+
+    task = celery_app.tasks[RUN_BATCH_TASK]
+
+    assert set(task.autoretry_for) == {OperationalError, InterfaceError}
+    assert not issubclass(IntegrityError, tuple(task.autoretry_for))  # a bug, not a blink
+    assert task.retry_backoff is True and task.retry_backoff_max == 30
+    assert task.max_retries is None
 
 
 def test_each_model_has_its_own_queue() -> None:

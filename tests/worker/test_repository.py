@@ -172,8 +172,9 @@ def test_read_config_rejects_unknown_keys_naming_them_and_the_known_ones(tmp_pat
     message = str(raised.value)
     assert str(tmp_path / "m" / "model.toml") in message
     assert "unknown keys ['devices', 'max_batch']" in message
-    assert "known keys are ['buckets', 'max_batch_size', 'max_queue_delay_ms', 'signature']" in (
-        message
+    assert (
+        "known keys are ['buckets', 'max_batch_size', 'max_queue_delay_ms', 'signature', "
+        "'timeout_s']" in message
     )
 
 
@@ -192,6 +193,10 @@ def test_read_config_rejects_unknown_keys_naming_them_and_the_known_ones(tmp_pat
         ('buckets = "1,2"', "buckets must be a list of integers of at least 1, got '1,2'"),
         ("signature = 3", "signature must be a non-empty string, got 3"),
         ('signature = ""', "signature must be a non-empty string, got ''"),
+        ("timeout_s = 0", "timeout_s must be a number above 0, got 0"),
+        ("timeout_s = -1.5", "timeout_s must be a number above 0, got -1.5"),
+        ('timeout_s = "30"', "timeout_s must be a number above 0, got '30'"),
+        ("timeout_s = inf", "timeout_s must be a number above 0, got inf"),
     ],
 )
 def test_read_config_rejects_values_of_the_wrong_type_or_range(
@@ -238,4 +243,14 @@ def test_as_dict_reports_the_buckets_in_use() -> None:
         "max_batch_size": 4,
         "max_queue_delay_ms": 1.0,
         "buckets": [1, 2, 4],
+        "timeout_s": 300.0,
     }
+
+
+def test_a_models_time_limit_overrides_the_default_and_reads_as_seconds(tmp_path: Path) -> None:
+    config_file(tmp_path, "slow", "timeout_s = 2\n")
+
+    config = read_config(tmp_path / "slow", defaults=ModelConfig(timeout_s=30.0))
+
+    assert config.timeout_s == 2.0 and isinstance(config.timeout_s, float)
+    assert read_config(tmp_path / "other", defaults=ModelConfig(timeout_s=30.0)).timeout_s == 30
