@@ -27,8 +27,8 @@ IDS_PER_STATUS_READ = 1_000
 MIN_ROUND_S = 0.05  # between polling rounds that found jobs unfinished: completions batch up
 AUTO_PROGRESS_MIN_JOBS = 100
 
-# A bulk submit's error names the job by its index in the request: "jobs[3]: inputs.x: ..." for
-# signature errors, "jobs.3.priority: ..." for schema errors (one part per error, "; " between).
+# A bulk submit's error names the job by its index in the request, "jobs[3].priority: ..." or
+# "jobs[3]: inputs.x: ..." (one part per error, "; " between); "jobs.3" is an older spelling.
 _JOB_INDEX = re.compile(r"(^|; )jobs(\[|\.)(\d+)")
 
 

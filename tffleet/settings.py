@@ -23,7 +23,6 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
-    max_wait_s: float = 30.0
     # Submissions are refused (429) while this many jobs are queued; 0: no limit.
     max_queued_jobs: int = Field(default=0, ge=0)
 

@@ -41,12 +41,16 @@ Encoding = Literal["json", "b64"]
 _FINISHED = {status.value for status in FINISHED}
 
 
+def _where(loc: Sequence[int | str]) -> str:
+    """A field's path as a reader writes it: `jobs[3].inputs.x`."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path or "body"
+
+
 def _field_errors(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "body"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)
+    return "; ".join(f"{_where(item['loc'])}: {item['msg']}" for item in error.errors())
 
 
 def _parse(model: type[JobCreate] | type[JobBatchCreate], body: Any) -> Any:
