@@ -333,17 +333,23 @@ def list_jobs(
 
 
 def _claim_ids(
-    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str
+    *,
+    session: Session,
+    job_ids: Sequence[str],
+    owner: str,
+    lease_s: float,
+    worker: str,
+    where: Sequence[ColumnElement[bool]] = (),
 ) -> list[Lease]:
     if not job_ids:
         return []
     now = utcnow()
-    # The compare-and-set: only rows still queued move, so of two racing claimers exactly one
-    # wins each job (PostgreSQL re-checks the WHERE after a concurrent update; SQLite serializes
-    # writers).
+    # The compare-and-set: only rows still queued (and matching `where`) move, so of two racing
+    # claimers exactly one wins each job (PostgreSQL re-checks the WHERE after a concurrent
+    # update; SQLite serializes writers).
     stmt = (
         update(_jobs)
-        .where(and_(_jobs.c.id.in_(job_ids), _jobs.c.status == JobStatus.QUEUED.value))
+        .where(and_(_jobs.c.id.in_(job_ids), _jobs.c.status == JobStatus.QUEUED.value, *where))
         .values(
             status=JobStatus.RUNNING.value,
             attempts=_jobs.c.attempts + 1,
@@ -682,10 +688,9 @@ def purge_finished(*, session: Session, older_than: datetime, limit: int) -> int
 # Isolation. A job claimed before that did not end (its worker died, its batch ran past its time
 # limit, its result could not be written) may be what went wrong: from then on it runs alone, so a
 # job that crashes its worker costs no other job an attempt. `attempts > 0` on a queued job marks
-# it. Rows are chosen with SELECT ... FOR UPDATE before `_claim_ids` moves them, so the choice
-# still holds when they move (PostgreSQL; SQLite serializes writers). `claim_named` and
-# `claim_next_fresh` skip a row someone else holds (a top-up, another claimer, a cancel or the
-# sweeper's republish is on it); `claim_retried` waits for it.
+# it. The choice holds when the rows move: `claim_named` puts it in the UPDATE itself; the others
+# choose with SELECT ... FOR UPDATE before `_claim_ids` moves the rows (PostgreSQL; SQLite
+# serializes writers).
 
 _QUEUED = _jobs.c.status == JobStatus.QUEUED.value
 _NEVER_CLAIMED = _jobs.c.attempts == 0
@@ -700,24 +705,33 @@ class NamedClaim:
 def claim_named(
     *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
 ) -> NamedClaim:
-    """`claim` for the named jobs never claimed before; the others are only reported."""
-    if not job_ids:
-        return NamedClaim(leases=[], retried=[])
-    rows = session.execute(
-        select(_jobs.c.id, _jobs.c.attempts)
-        .where(_jobs.c.id.in_(job_ids), _QUEUED)
-        .order_by(_jobs.c.id)
-        .with_for_update(skip_locked=True)
-    ).all()
-    fresh = {row.id for row in rows if row.attempts == 0}
-    leases = claim(
+    """`claim` for the named jobs never claimed before; the others are only reported.
+
+    One UPDATE when every named job is fresh and queued (the usual case); a SELECT more for
+    the ones it left.
+    """
+    leases = _claim_ids(
         session=session,
-        job_ids=[job_id for job_id in job_ids if job_id in fresh],
+        job_ids=job_ids,
         owner=owner,
         lease_s=lease_s,
-        worker=worker,
+        worker=worker or owner,
+        where=[_NEVER_CLAIMED],
     )
-    return NamedClaim(leases=leases, retried=[row.id for row in rows if row.attempts > 0])
+    order = {job_id: i for i, job_id in enumerate(job_ids)}
+    leases.sort(key=lambda lease: order[lease.job_id])
+    retried: list[str] = []
+    if len(leases) < len(set(job_ids)):
+        claimed = {lease.job_id for lease in leases}
+        rest = [job_id for job_id in job_ids if job_id not in claimed]
+        retried = list(
+            session.scalars(
+                select(_jobs.c.id)
+                .where(_jobs.c.id.in_(rest), _QUEUED, _jobs.c.attempts > 0)
+                .order_by(_jobs.c.id)
+            )
+        )
+    return NamedClaim(leases=leases, retried=retried)
 
 
 def claim_next_fresh(
@@ -762,11 +776,7 @@ def claim_next_fresh(
 def claim_retried(
     *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
 ) -> Lease | None:
-    """Claim one of the named queued jobs that were claimed before (the oldest), to run alone.
-
-    It waits for a row another transaction holds, where `claim_named` skips it: a claimer that
-    was told of a job (`NamedClaim.retried`) must not miss it because another one was looking.
-    """
+    """Claim one of the named queued jobs that were claimed before (the oldest), to run alone."""
     if not job_ids:
         return None
     job_id = session.scalars(

@@ -1,5 +1,10 @@
 """One batch: claim the named jobs, top up with other queued jobs, run one forward pass, write.
 
+A job that was claimed before and did not end (its child died, its batch ran out of time) runs
+alone from then on. A forward pass that outlives the model's time limit is ended by the heartbeat
+thread, which then ends the child (see `Batcher`). A database error hands the leases back and
+raises, for the task to retry.
+
 Plain logic over a `Runner` (anything with `inputs` and `run(batch) -> outputs`), so tests can pass
 a function instead of TensorFlow.
 """
@@ -8,10 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,6 +26,7 @@ from db import jobs
 from db.jobs import Lease
 from tffleet import tensors
 from worker import metrics
+from worker.heartbeat import Heartbeat, Running
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +76,6 @@ class BatchReport:
             setattr(self, name, getattr(self, name) + value)
 
 
-@dataclass
-class _Running:
-    """The batch whose forward passes are running now: the leases the heartbeat keeps alive."""
-
-    model: str
-    version: int
-    leases: list[Lease]
-    timeout_s: float | None
-    deadline: float | None  # time.monotonic() after which the batch has run too long
-
-
 def _end_process() -> None:
     # A forward pass cannot be interrupted from Python, so the only way to free the device is to
     # end this process. Celery sees its child die, redelivers the message it was running
@@ -112,13 +105,14 @@ class Batcher:
     wake: Callable[[str, int, Sequence[str]], object] = _no_wake
     # Called once a timed-out batch's jobs are dealt with; tests record instead of exiting.
     on_timeout: Callable[[], None] = _end_process
-    _running: _Running | None = field(default=None, init=False, repr=False)
-    _beat_cond: threading.Condition = field(
-        default_factory=threading.Condition, init=False, repr=False
-    )
-    _beater: threading.Thread | None = field(default=None, init=False, repr=False)
+    _heartbeat: Heartbeat = field(init=False, repr=False)
     # Whether the last batch found other jobs waiting: only then is waiting for more worth it.
     _queue_busy: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._heartbeat = Heartbeat(
+            sessions=self.sessions, lease_s=self.lease_s, on_deadline=self._time_out
+        )
 
     def run(
         self,
@@ -205,7 +199,9 @@ class Batcher:
         report = BatchReport(claimed=len(leases), samples=sum(lease.samples for lease in leases))
         _observe_claim(model, leases)
         started = time.perf_counter()
-        with self._heartbeat(model, version, leases, policy.timeout_s):
+        with self._heartbeat.hold(
+            model=model, version=version, leases=leases, timeout_s=policy.timeout_s
+        ):
             outcomes = run_leases(leases, runner=runner, policy=policy)
         metrics.BATCH_SECONDS.labels(model).observe(time.perf_counter() - started)
         succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
@@ -303,67 +299,10 @@ class Batcher:
             take_oversized=not leases,
         )
 
-    # The heartbeat thread: keeps the running batch's leases alive, and ends it at its deadline.
-
-    @contextmanager
-    def _heartbeat(
-        self, model: str, version: int, leases: list[Lease], timeout_s: float | None
-    ) -> Iterator[None]:
-        """Extend these leases every third of their length while the batch runs; end the batch
-        if it runs past `timeout_s`.
-
-        One thread per child beats whatever batch is current; starting one per batch would cost
-        more than a small batch's forward pass.
-        """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        running = _Running(model, version, list(leases), timeout_s, deadline)
-        with self._beat_cond:
-            self._running = running
-            if self._beater is None:
-                self._beater = threading.Thread(
-                    target=self._beat, name="lease-heartbeat", daemon=True
-                )
-                self._beater.start()
-            self._beat_cond.notify()
-        try:
-            yield
-        finally:
-            # Waits while the heartbeat thread is timing this batch out: the batch then never
-            # writes (in a worker, the process ends first).
-            with self._beat_cond:
-                if self._running is running:
-                    self._running = None
-
-    def _beat(self) -> None:
-        interval = self.lease_s / 3
-        next_beat = time.monotonic() + interval
-        while True:
-            with self._beat_cond:
-                now = time.monotonic()
-                running = self._running
-                deadline = running.deadline if running is not None else None
-                if deadline is not None and now >= deadline:
-                    assert running is not None
-                    self._time_out(running)
-                    self._running = None
-                    continue
-                due = next_beat if deadline is None else min(next_beat, deadline)
-                if now < due:
-                    self._beat_cond.wait(due - now)
-                    continue
-            next_beat = now + interval
-            if running is None:
-                continue
-            try:
-                with self.sessions.begin() as session:
-                    jobs.heartbeat(session=session, leases=running.leases, lease_s=self.lease_s)
-            except Exception:
-                log.exception("lease heartbeat failed; will retry")
-
-    def _time_out(self, batch: _Running) -> None:
-        """End a batch that ran too long (called holding `_beat_cond`, so it cannot finish
-        meanwhile), then call `on_timeout`."""
-        ids = [lease.job_id for lease in batch.leases]
+    def _time_out(self, batch: Running) -> None:
+        """End a batch that ran past its time limit, then call `on_timeout`. The heartbeat
+        calls it while the batch cannot finish."""
+        ids = batch.job_ids
         alone = len(ids) == 1
         log.error(
             "a batch of %d %s:%s jobs ran past its %gs time limit (%s); %s; ending this child, "
@@ -378,8 +317,8 @@ class Batcher:
                         session=session,
                         leases=batch.leases,
                         code="timeout",
-                        message=f"its forward pass ran longer than the model's time limit "
-                        f"({batch.timeout_s:g}s, timeout_s)",
+                        message=f"the forward pass ran past the time limit of "
+                        f"{batch.timeout_s:g}s (the model's timeout_s, or TFFLEET_JOB_TIMEOUT_S)",
                     )
                 else:
                     jobs.release(session=session, leases=batch.leases)
