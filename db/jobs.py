@@ -403,6 +403,10 @@ def claim(
     return sorted(leases, key=lambda lease: order[lease.job_id])
 
 
+_QUEUED = _jobs.c.status == JobStatus.QUEUED.value
+_NEVER_CLAIMED = _jobs.c.attempts == 0
+
+
 def claim_next(
     *,
     session: Session,
@@ -413,11 +417,13 @@ def claim_next(
     max_samples: int,
     worker: str = "",
     take_oversized: bool = True,
+    fresh_only: bool = False,
 ) -> list[Lease]:
     """Claim queued jobs of one model version, by priority then age, up to `max_samples` samples.
 
     A job larger than `max_samples` is taken only alone (the worker runs it in chunks), and only
     with `take_oversized` (a caller that already holds jobs passes False: it has room for less).
+    With `fresh_only`, only jobs never claimed before.
     """
     if max_samples <= 0:
         return []
@@ -426,7 +432,8 @@ def claim_next(
         .where(
             _jobs.c.model == model,
             _jobs.c.version == version,
-            _jobs.c.status == JobStatus.QUEUED.value,
+            _QUEUED,
+            *([_NEVER_CLAIMED] if fresh_only else []),
         )
         .order_by(_jobs.c.priority.desc(), _jobs.c.id)
         .limit(max_samples)
@@ -692,9 +699,6 @@ def purge_finished(*, session: Session, older_than: datetime, limit: int) -> int
 # choose with SELECT ... FOR UPDATE before `_claim_ids` moves the rows (PostgreSQL; SQLite
 # serializes writers).
 
-_QUEUED = _jobs.c.status == JobStatus.QUEUED.value
-_NEVER_CLAIMED = _jobs.c.attempts == 0
-
 
 @dataclass(frozen=True)
 class NamedClaim:
@@ -734,43 +738,10 @@ def claim_named(
     return NamedClaim(leases=leases, retried=retried)
 
 
-def claim_next_fresh(
-    *,
-    session: Session,
-    model: str,
-    version: int,
-    owner: str,
-    lease_s: float,
-    max_samples: int,
-    worker: str = "",
-    take_oversized: bool = True,
-) -> list[Lease]:
-    """`claim_next` for jobs never claimed before: what tops a batch up."""
-    if max_samples <= 0:
-        return []
-    candidates = session.execute(
-        select(_jobs.c.id, _jobs.c.samples)
-        .where(_jobs.c.model == model, _jobs.c.version == version, _QUEUED, _NEVER_CLAIMED)
-        .order_by(_jobs.c.priority.desc(), _jobs.c.id)
-        .limit(max_samples)
-        .with_for_update(skip_locked=True)
-    ).all()
-    chosen: list[str] = []
-    room = max_samples
-    for row in candidates:
-        if row.samples <= room:
-            chosen.append(row.id)
-            room -= row.samples
-        elif not chosen and take_oversized:
-            chosen.append(row.id)
-            break
-        if room == 0:
-            break
-    leases = _claim_ids(
-        session=session, job_ids=chosen, owner=owner, lease_s=lease_s, worker=worker or owner
-    )
-    rank = {job_id: i for i, job_id in enumerate(chosen)}
-    return sorted(leases, key=lambda lease: rank[lease.job_id])
+def claim_next_fresh(**kwargs: Any) -> list[Lease]:
+    """`claim_next` for jobs never claimed before: what tops a batch up (a job lost once runs
+    alone, see `claim_retried`)."""
+    return claim_next(**kwargs, fresh_only=True)
 
 
 def claim_retried(
