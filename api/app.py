@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -16,7 +17,7 @@ from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED
 from api.publish import Publisher
 from api.routes import health, jobs, models
-from api.schemas import json_response
+from api.schemas import JobBatchCreate, JobCreate, JobStatusQuery, json_response
 from api.state import AppState, SignatureCache
 from api.waiter import CompletionWaiter
 from db.engine import make_engine, make_sessionmaker, readonly
@@ -58,6 +59,29 @@ async def _on_database_error(_: Request, exc: Exception) -> Response:
         log.warning("database unreachable: %s", exc)
         return _error(503, ServiceUnavailable.code, "database unreachable; try again")
     raise exc
+
+
+# Request bodies the routes read themselves (to answer 400/413/415 before validating), so FastAPI
+# does not list their schemas: the routes' `openapi_extra` refers to them by name.
+_BODY_SCHEMAS = (JobCreate, JobBatchCreate, JobStatusQuery)
+
+
+def _with_body_schemas(app: FastAPI) -> Any:
+    make_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = make_openapi()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in _BODY_SCHEMAS:
+                found = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                for name, nested in found.pop("$defs", {}).items():
+                    components.setdefault(name, nested)
+                components.setdefault(model.__name__, found)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -108,4 +132,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _on_request_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(DBAPIError, _on_database_error)
+    app.openapi = _with_body_schemas(app)  # type: ignore[method-assign]
     return app

@@ -91,7 +91,9 @@ class JobReader(Coalescer[tuple[Sequence[str], str], list[JobDict]]):
     def _read(
         self, requests: Sequence[tuple[Sequence[str], str]]
     ) -> list[list[JobDict] | BaseException]:
-        wanted = list({job_id for ids, _ in requests for job_id in ids})
+        # An id with NUL names no job, and PostgreSQL refuses NUL in a query: left out, it is
+        # reported missing (404) like any unknown id.
+        wanted = list({job_id for ids, _ in requests for job_id in ids if "\x00" not in job_id})
         with self._reads() as session:
             rows = jobs.fetch(session=session, job_ids=wanted)
         result: list[list[JobDict] | BaseException] = []

@@ -22,9 +22,16 @@ class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    version: int | None = Field(default=None, ge=1)
+    # At most PostgreSQL's INTEGER: a larger one is no version, and the query would fail.
+    version: int | None = Field(default=None, ge=1, le=2**31 - 1)
     inputs: dict[str, Any] | list[Any]
     priority: int = Field(default=0, ge=-1000, le=1000)
+    ttl_s: int | None = Field(
+        default=None,
+        ge=1,
+        le=366 * 24 * 3600,
+        description="Keep the job and its result this long after it ends (default: the server's).",
+    )
 
 
 class JobBatchCreate(BaseModel):
@@ -67,6 +74,32 @@ class JobOut(BaseModel):
     error: JobError | None
     outputs: dict[str, Tensor] | None
     worker: str | None = Field(default=None, description="The worker child that ran it last.")
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str = Field(description="Names the field at fault.")
+
+
+class ErrorOut(BaseModel):
+    """Every error response: `{"error": {"code", "message"}}`."""
+
+    error: ErrorDetail
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error statuses a route may answer with."""
+    described = {
+        400: "Malformed JSON or header.",
+        404: "Unknown model, version or job.",
+        409: "The job already finished, or an Idempotency-Key was reused with another body.",
+        413: "Body over the size limit.",
+        415: "Body not application/json.",
+        422: "Inputs or parameters that do not fit.",
+        429: "Queue full; see Retry-After.",
+        503: "Database or broker unreachable.",
+    }
+    return {status: {"model": ErrorOut, "description": described[status]} for status in statuses}
 
 
 class JobBatchOut(BaseModel):

@@ -107,6 +107,7 @@ class NewJob:
     # that key must match.
     idempotency_key: str | None = None
     request_hash: str | None = None
+    ttl_s: int | None = None  # its own retention after it ends; None: the sweeper's default
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
             "priority": job.priority,
             "samples": job.samples,
             "attempts": 0,
+            "ttl_s": job.ttl_s,
             "created_at": now,
         }
         for job in jobs
@@ -259,6 +261,7 @@ def _keyed_row(job: NewJob, now: datetime) -> dict[str, Any]:
         "attempts": 0,
         "idempotency_key": job.idempotency_key,
         "request_hash": job.request_hash,
+        "ttl_s": job.ttl_s,
         "created_at": now,
     }
 
@@ -670,22 +673,53 @@ def mark_published(*, session: Session, job_ids: Sequence[str], at: datetime) ->
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-def purge_finished(*, session: Session, older_than: datetime, limit: int) -> int:
-    """Delete at most `limit` jobs that finished before `older_than`; returns how many.
+def stamp_expiry(*, session: Session, limit: int) -> int:
+    """Give ended jobs that have a `ttl_s` of their own their `expires_at`; returns how many.
 
-    One bounded chunk per call, so the caller can commit between chunks and no transaction
-    holds a large part of the table.
+    SQL has no portable "timestamp plus a column of seconds", so the sweeper works it out here,
+    a bounded chunk per call.
     """
-    chunk = (
-        select(_jobs.c.id)
+    rows = session.execute(
+        select(_jobs.c.id, _jobs.c.finished_at, _jobs.c.ttl_s)
         .where(
             _jobs.c.status.in_([status.value for status in FINISHED]),
-            _jobs.c.finished_at < older_than,
+            _jobs.c.ttl_s.is_not(None),
+            _jobs.c.expires_at.is_(None),
+            _jobs.c.finished_at.is_not(None),
         )
-        .order_by(_jobs.c.finished_at)
         .limit(limit)
+    ).all()
+    if not rows:
+        return 0
+    session.execute(
+        update(_jobs)
+        .where(_jobs.c.id == bindparam("b_id"))
+        .values(expires_at=bindparam("b_expires_at")),
+        [
+            {"b_id": row.id, "b_expires_at": row.finished_at + timedelta(seconds=row.ttl_s)}
+            for row in rows
+        ],
     )
-    ids = list(session.scalars(chunk))
+    return len(rows)
+
+
+def purge_finished(
+    *, session: Session, older_than: datetime, limit: int, now: datetime | None = None
+) -> int:
+    """Delete at most `limit` ended jobs past their retention; returns how many.
+
+    That is: jobs without a `ttl_s` that finished before `older_than`, and jobs with one whose
+    `expires_at` (see `stamp_expiry`) is before `now`. One bounded chunk per call, so the caller
+    can commit between chunks and no transaction holds a large part of the table.
+    """
+    now = now or utcnow()
+    ended = _jobs.c.status.in_([status.value for status in FINISHED])
+    by_default = select(_jobs.c.id).where(
+        ended, _jobs.c.ttl_s.is_(None), _jobs.c.finished_at < older_than
+    )
+    by_own = select(_jobs.c.id).where(ended, _jobs.c.expires_at < now)
+    ids = list(session.scalars(by_default.order_by(_jobs.c.finished_at).limit(limit)))
+    ids += list(session.scalars(by_own.order_by(_jobs.c.expires_at).limit(limit - len(ids))))
     if not ids:
         return 0
     result = session.execute(delete(_jobs).where(_jobs.c.id.in_(ids)))

@@ -82,6 +82,10 @@ class Job(Base):
     # When the sweeper last published a wake-up for this queued job; null when only the submit
     # did (its wake-up is then as old as created_at).
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # A retention of its own (seconds after it ends), else TFFLEET_RESULT_TTL_S; the sweeper
+    # turns it into `expires_at` once the job has ended.
+    ttl_s: Mapped[int | None] = mapped_column(Integer)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
     __table_args__ = (
         # The worker's top-up query: queued jobs of one model version, by priority then age.
@@ -90,6 +94,7 @@ class Job(Base):
         Index("ix_jobs_lease", "status", "lease_expires_at"),
         # The sweeper's purge: finished jobs, oldest first.
         Index("ix_jobs_finished_at", "finished_at"),
+        Index("ix_jobs_expires_at", "expires_at"),
     )
 
 

@@ -233,10 +233,17 @@ class Sweeper:
                 return
 
     def _purge(self, report: SweepReport) -> None:
-        cutoff = self._clock() - timedelta(seconds=self._settings.result_ttl_s)
+        now = self._clock()
+        cutoff = now - timedelta(seconds=self._settings.result_ttl_s)
         for _ in range(MAX_CHUNKS):
             with self._sessions.begin() as session:
-                purged = jobs.purge_finished(session=session, older_than=cutoff, limit=CHUNK_JOBS)
+                if jobs.stamp_expiry(session=session, limit=CHUNK_JOBS) < CHUNK_JOBS:
+                    break
+        for _ in range(MAX_CHUNKS):
+            with self._sessions.begin() as session:
+                purged = jobs.purge_finished(
+                    session=session, older_than=cutoff, limit=CHUNK_JOBS, now=now
+                )
             report.purged += purged
             SWEPT.labels("purged").inc(purged)
             if purged < CHUNK_JOBS:

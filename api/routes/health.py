@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
@@ -19,7 +20,9 @@ async def healthz() -> Response:
     return json_response({"status": "ok"})
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz", responses={503: {"description": "The database or the broker is unreachable."}}
+)
 async def readyz(state: StateDep) -> Response:
     """The database and the broker are reachable."""
 
@@ -45,7 +48,7 @@ async def readyz(state: StateDep) -> Response:
     )
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics() -> Response:
     """Prometheus metrics of this API process."""
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -25,6 +25,7 @@ from api.schemas import (
     JobList,
     JobOut,
     JobStatusQuery,
+    error_responses,
     job_out,
     json_response,
 )
@@ -33,7 +34,7 @@ from api.validation import validate_inputs
 from db import jobs
 from db.models import FINISHED, JobStatus
 from tffleet import tensors
-from tffleet.errors import InvalidInput, InvalidRequest, TffleetError
+from tffleet.errors import InvalidInput, InvalidRequest, JobNotFound, TffleetError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -68,6 +69,7 @@ _INLINE_BODY_BYTES = 64 * 1024
     "",
     status_code=202,
     response_model=JobOut | JobBatchOut,
+    responses=error_responses(400, 404, 409, 413, 415, 422, 429, 503),
     openapi_extra={
         "parameters": [
             {
@@ -106,7 +108,8 @@ async def submit(request: Request) -> Response:
     body = await read_json(request, max_bytes=state.settings.max_body_bytes)
     many = isinstance(body, dict) and "jobs" in body
     specs = _parse(JobBatchCreate, body).jobs if many else [_parse(JobCreate, body)]
-    small = int(request.headers.get("content-length") or _INLINE_BODY_BYTES) < _INLINE_BODY_BYTES
+    declared = request.headers.get("content-length", "")
+    small = declared.isdigit() and int(declared) < _INLINE_BODY_BYTES
     if small and all(state.signatures.cached(s.model, s.version) for s in specs):
         new = _prepare(state, specs, many, key)
     else:
@@ -138,10 +141,12 @@ def _idempotency_key(header: str | None) -> str | None:
 
 
 def _request_hash(new: Sequence[jobs.NewJob]) -> str:
-    """sha256 of what a request asks for once resolved: model, version, priority, inputs."""
+    """sha256 of what a request asks for once resolved: model, version, priority, retention,
+    inputs."""
     digest = hashlib.sha256()
     for job in new:
-        digest.update(orjson.dumps([job.model, job.version, job.priority, len(job.inputs)]))
+        head = [job.model, job.version, job.priority, job.ttl_s, len(job.inputs)]
+        digest.update(orjson.dumps(head))
         digest.update(job.inputs)
     return digest.hexdigest()
 
@@ -179,6 +184,7 @@ def _prepare(
                 samples=samples,
                 inputs=tensors.pack(arrays),
                 priority=spec.priority,
+                ttl_s=spec.ttl_s,
             )
         )
     return _with_key(prepared, key) if key is not None else prepared
@@ -209,7 +215,7 @@ async def _wait_for(
         return outs
 
 
-@router.get("/{job_id}", response_model=JobOut)
+@router.get("/{job_id}", response_model=JobOut, responses=error_responses(404, 422, 503))
 async def get_job(
     job_id: str,
     request: Request,
@@ -221,7 +227,19 @@ async def get_job(
     return json_response(out)
 
 
-@router.post("/status", response_model=JobBatchOut)
+@router.post(
+    "/status",
+    response_model=JobBatchOut,
+    responses=error_responses(400, 404, 413, 415, 422, 503),
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/JobStatusQuery"}}
+            },
+        }
+    },
+)
 async def status_many(request: Request, state: StateDep) -> Response:
     """Many jobs by id, in the order given; with `wait`, held until one of them ends."""
     body = await read_json(request, max_bytes=state.settings.max_body_bytes)
@@ -233,9 +251,14 @@ async def status_many(request: Request, state: StateDep) -> Response:
     return json_response({"jobs": outs})
 
 
-@router.post("/{job_id}/cancel", response_model=JobOut)
+@router.post(
+    "/{job_id}/cancel", response_model=JobOut, responses=error_responses(404, 409, 422, 503)
+)
 async def cancel(job_id: str, state: StateDep) -> Response:
     """Cancel a queued or running job (409 if it already finished)."""
+
+    if "\x00" in job_id:  # no job has one, and PostgreSQL refuses NUL in a query
+        raise JobNotFound(f"job {job_id!r} not found")
 
     def run() -> dict[str, Any]:
         with state.sessions.begin() as session:
@@ -244,11 +267,12 @@ async def cancel(job_id: str, state: StateDep) -> Response:
     return json_response(await run_in_threadpool(run))
 
 
-@router.get("", response_model=JobList)
+@router.get("", response_model=JobList, responses=error_responses(400, 422, 503))
 async def list_jobs(
     state: StateDep,
     status: JobStatus | None = None,
-    model: Annotated[str | None, Query(max_length=200)] = None,
+    # No NUL: PostgreSQL refuses it in a query, and no model name has one.
+    model: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Response:

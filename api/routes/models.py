@@ -5,14 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 
-from api.schemas import ModelList, iso_utc, json_response
+from api.schemas import ModelList, error_responses, iso_utc, json_response
 from api.state import StateDep
 from db import registry
 
 router = APIRouter(tags=["models"])
 
 
-@router.get("/v1/models", response_model=ModelList)
+@router.get("/v1/models", response_model=ModelList, responses=error_responses(503))
 async def list_models(state: StateDep) -> Response:
     """Every registered model version, with its input and output signature."""
 

@@ -441,3 +441,25 @@ async def test_a_body_just_under_the_limit_is_accepted(client: httpx.AsyncClient
     )
 
     assert response.status_code == 202
+
+
+async def test_a_job_may_ask_for_its_own_retention(
+    client: httpx.AsyncClient, sessions: Sessions
+) -> None:
+    response = await client.post(
+        "/v1/jobs", json={"model": "mlp", "inputs": {"x": [ROW]}, "ttl_s": 3600}
+    )
+    assert response.status_code == 202
+    assert read_job(sessions, response.json()["id"]).ttl_s == 3600
+
+
+@pytest.mark.parametrize("ttl_s", [0, -5, 10**9, "soon"])
+async def test_a_retention_out_of_range_is_422_naming_ttl_s(
+    client: httpx.AsyncClient, sessions: Sessions, broker: redis.Redis, ttl_s: Any
+) -> None:
+    response = await client.post(
+        "/v1/jobs", json={"model": "mlp", "inputs": {"x": [ROW]}, "ttl_s": ttl_s}
+    )
+    assert response.status_code == 422
+    assert "ttl_s" in response.json()["error"]["message"]
+    assert_nothing_left(sessions, broker)

@@ -303,3 +303,37 @@ def test_purge_works_in_chunks_of_at_most_limit(make_jobs: MakeJobs, sessions: S
         chunks.append(purged)
 
     assert chunks == [2, 2, 1]
+
+
+def test_a_job_with_its_own_ttl_is_purged_after_it_and_not_by_the_default(
+    sessions: Sessions,
+) -> None:
+    now = jobs.utcnow()
+    with sessions.begin() as session:
+        short, long_kept = (
+            job.id
+            for job in jobs.create(
+                session=session,
+                jobs=[
+                    jobs.NewJob(model="m", version=1, samples=1, inputs=b"x", ttl_s=60),
+                    jobs.NewJob(model="m", version=1, samples=1, inputs=b"x", ttl_s=30 * 86400),
+                ],
+            )
+        )
+    finish_at(sessions, short, JobStatus.SUCCEEDED, now - timedelta(minutes=2))
+    finish_at(sessions, long_kept, JobStatus.SUCCEEDED, now - timedelta(days=8))
+
+    with sessions.begin() as session:
+        assert jobs.stamp_expiry(session=session, limit=100) == 2
+    with sessions.begin() as session:
+        purged = jobs.purge_finished(
+            session=session, older_than=now - timedelta(days=7), limit=100, now=now
+        )
+
+    assert purged == 1  # the short one; the default's 7 days do not apply to the long one
+    expires = read(sessions, long_kept).expires_at
+    assert expires is not None and expires > now + timedelta(days=21)
+    with sessions() as session:
+        assert [job.id for job in jobs.get_many(session=session, job_ids=[short, long_kept])] == [
+            long_kept
+        ]
