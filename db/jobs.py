@@ -102,9 +102,8 @@ class NewJob:
     samples: int
     inputs: bytes
     priority: int = 0
-    # Set together, and read only by `create_idempotent` (`create` stores no key): the job's
-    # own key (unique in the table) and the sha256 of the request it came in, which a replay of
-    # that key must match.
+    # Set together, for `create_idempotent`: the job's own key (unique in the table) and the
+    # sha256 of the request it came in, which a replay of that key must match.
     idempotency_key: str | None = None
     request_hash: str | None = None
     ttl_s: int | None = None  # its own retention after it ends; None: the sweeper's default
@@ -141,20 +140,7 @@ def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
     A Core insert: the ORM's unit of work would cost more than the insert itself on this path.
     """
     now = utcnow()
-    rows = [
-        {
-            "id": new_job_id(),
-            "model": job.model,
-            "version": job.version,
-            "status": JobStatus.QUEUED.value,
-            "priority": job.priority,
-            "samples": job.samples,
-            "attempts": 0,
-            "ttl_s": job.ttl_s,
-            "created_at": now,
-        }
-        for job in jobs
-    ]
+    rows = [_row(job, now) for job in jobs]
     if rows:
         session.execute(insert(_jobs), rows)
         session.execute(
@@ -194,7 +180,7 @@ def create_idempotent(
     for request in requests:
         if not request or any(j.idempotency_key is None or j.request_hash is None for j in request):
             raise ValueError("create_idempotent: every job needs an idempotency_key and a hash")
-        per_request.append([(_keyed_row(job, now), job.inputs) for job in request])
+        per_request.append([(_row(job, now), job.inputs) for job in request])
     # Rows in key order: transactions inserting overlapping keys take them in the same order
     # and cannot deadlock. Request order within a key: the first request of a batch wins it.
     by_key = sorted(
@@ -250,7 +236,8 @@ def create_idempotent(
     return results
 
 
-def _keyed_row(job: NewJob, now: datetime) -> dict[str, Any]:
+def _row(job: NewJob, now: datetime) -> dict[str, Any]:
+    """The `jobs` row of a new job (its inputs go to `job_inputs`)."""
     return {
         "id": new_job_id(),
         "model": job.model,
