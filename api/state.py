@@ -67,9 +67,4 @@ def get_state(request: Request) -> AppState:
     return state
 
 
-def state_of(request: Request) -> AppState:
-    """The same as the `StateDep` dependency, for the hot routes that skip dependency solving."""
-    return get_state(request)
-
-
 StateDep = Annotated[AppState, Depends(get_state)]

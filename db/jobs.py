@@ -156,7 +156,7 @@ def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
     return created
 
 
-_SUBMITTED_COLUMNS = [c for c in _jobs.c if c.name not in ("inputs", "outputs")]
+_SUBMITTED_COLUMNS = [c for c in _jobs.c if c.name != "outputs"]
 # Keys per SELECT: well under every backend's limit on bound parameters.
 _KEYS_PER_SELECT = 1000
 
@@ -277,12 +277,11 @@ def get(*, session: Session, job_id: str) -> Job:
     return job
 
 
-_FETCH_COLUMNS = [c for c in _jobs.c if c.name != "inputs"]
-_FETCH = select(*_FETCH_COLUMNS).where(_jobs.c.id.in_(bindparam("ids", expanding=True)))
+_FETCH = select(_jobs).where(_jobs.c.id.in_(bindparam("ids", expanding=True)))
 
 
 def fetch(*, session: Session, job_ids: Sequence[str]) -> dict[str, Row[Any]]:
-    """Jobs by id (outputs included, inputs not), as plain rows: the cheap read of a poll."""
+    """Jobs by id (outputs included; inputs live in `job_inputs`), as plain rows: a poll's read."""
     if not job_ids:
         return {}
     return {row.id: row for row in session.execute(_FETCH, {"ids": list(job_ids)})}

@@ -222,6 +222,19 @@ class Batcher:
         self.notify([lease.job_id for lease in leases])
         return report
 
+    def fail_named(
+        self, *, model: str, version: int, job_ids: Sequence[str], message: str
+    ) -> BatchReport:
+        """End the named jobs still queued `failed`/`model_error` (this child cannot run them)."""
+        with self.sessions.begin() as session:
+            leases = jobs.claim(
+                session=session, job_ids=job_ids, owner=self.owner, lease_s=self.lease_s
+            )
+            jobs.fail(session=session, leases=leases, code="model_error", message=message)
+        metrics.JOBS_FINISHED.labels(model, "failed").inc(len(leases))
+        self.notify([lease.job_id for lease in leases])
+        return BatchReport(claimed=len(leases), failed=len(leases), written=len(leases))
+
     def _hand_back(self, model: str, version: int, leases: Sequence[Lease]) -> None:
         """Return held jobs to the queue after an infrastructure fault, if the database answers;
         if not, their leases expire and the sweeper requeues them."""

@@ -145,14 +145,3 @@ def shutdown() -> None:
     if _child is not None:
         _child.engine.dispose()
         _child = None
-
-
-def describe() -> dict[str, Any]:
-    """What this child is, for tests and diagnostics."""
-    child = current()
-    return {
-        "pid": os.getpid(),
-        "device": str(child.device),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "models": [f"{n}:{v}" for n, v in child.models],
-    }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from db import jobs
 from worker import child
 from worker.app import RUN_BATCH_TASK, celery_app
 from worker.batching import INFRA_ERRORS
@@ -28,18 +27,10 @@ def run_batch(model: str, version: int, job_ids: list[str]) -> dict[str, int]:
     loaded = current.models.get((model, version))
     if loaded is None:
         reason = current.failed.get((model, version), "this worker does not serve it")
-        with current.batcher.sessions.begin() as session:
-            leases = jobs.claim(
-                session=session, job_ids=job_ids, owner=current.batcher.owner, lease_s=60
-            )
-            jobs.fail(
-                session=session,
-                leases=leases,
-                code="model_error",
-                message=f"model {model!r} version {version} is not loaded: {reason}",
-            )
-        current.batcher.notify(job_ids)
-        return {"claimed": len(leases), "failed": len(leases)}
+        message = f"model {model!r} version {version} is not loaded: {reason}"
+        return current.batcher.fail_named(
+            model=model, version=version, job_ids=job_ids, message=message
+        ).as_dict()
     report = current.batcher.run(
         model=model,
         version=version,

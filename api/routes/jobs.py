@@ -29,7 +29,7 @@ from api.schemas import (
     job_out,
     json_response,
 )
-from api.state import AppState, StateDep, state_of
+from api.state import AppState, StateDep, get_state
 from api.validation import validate_inputs
 from db import jobs
 from db.models import FINISHED, JobStatus
@@ -103,7 +103,7 @@ async def submit(request: Request) -> Response:
     (409 if its body differs). 429 while the queue is full.
     """
     started = time.perf_counter()
-    state = state_of(request)
+    state = get_state(request)  # not a dependency: solving one costs more than the call
     key = _idempotency_key(request.headers.get("idempotency-key"))
     body = await read_json(request, max_bytes=state.settings.max_body_bytes)
     many = isinstance(body, dict) and "jobs" in body
@@ -223,7 +223,7 @@ async def get_job(
     encoding: Annotated[Encoding, Query(description="`b64`: binary outputs.")] = "json",
 ) -> Response:
     """A job; with `wait`, held until it finishes or `wait` seconds pass."""
-    (out,) = await _wait_for(state_of(request), [job_id], wait_s=wait, encoding=encoding)
+    (out,) = await _wait_for(get_state(request), [job_id], wait_s=wait, encoding=encoding)
     return json_response(out)
 
 

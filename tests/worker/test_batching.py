@@ -533,3 +533,16 @@ def test_jobs_whose_sample_shapes_differ_run_in_separate_forward_passes() -> Non
     assert sorted(x.shape for x in runner.batches) == [(2, 4), (4, 5)]
     np.testing.assert_array_equal(tensors.unpack(outcomes["a"])["y"], [[4], [4]])
     np.testing.assert_array_equal(tensors.unpack(outcomes["b"])["y"], [[5], [5], [5]])
+
+
+def test_jobs_for_a_model_this_child_cannot_run_end_model_error_and_are_announced(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    named = submit(sessions, samples(1, seed=0))
+
+    report = batch.batcher.fail_named(model="m", version=1, job_ids=[named], message="not loaded")
+
+    assert report.claimed == report.failed == 1
+    job = read(sessions, named)
+    assert job.status == JobStatus.FAILED and job.error_code == "model_error"
+    assert batch.notified == [[named]]
