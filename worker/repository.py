@@ -1,13 +1,31 @@
 """The model repository on disk: `<repo>/<name>/<version>/`, like TF Serving's and Triton's.
 
-A version directory holds a TF2 SavedModel (`saved_model.pb`). An optional
-`<repo>/<name>/model.toml` sets per-model options:
+A version directory holds one model in one of three formats, told apart by its files:
 
-    signature = "serving_default"
+    saved_model    a TF2 SavedModel (`saved_model.pb` and `variables/`)
+    keras          one Keras v3 `.keras` file
+    frozen_graph   a TF1 frozen GraphDef (`model.pb`), whose tensors model.toml names
+
+An optional `<repo>/<name>/model.toml` sets per-model options (all optional):
+
+    format = "frozen_graph"    # default: detected from the files
+    signature = "serving_default"   # SavedModel: which signature to serve
     max_batch_size = 128
     max_queue_delay_ms = 2.0
     buckets = [1, 8, 32, 128]
     timeout_s = 300.0          # default TFFLEET_JOB_TIMEOUT_S; a batch running longer: `timeout`
+    devices = ["gpu:0"]        # which worker children load it (as TFFLEET_DEVICES names them);
+                               # default: every child
+    versions = "latest"        # which versions to serve: "latest" (older ones drain and are
+                               # unloaded), "all", or a list such as [1, 3]
+    warmup = "warmup.npz"      # in the version directory: arrays named by input, batch first,
+                               # run at every bucket size before the version takes jobs
+
+    [inputs]                   # frozen graphs: the name clients use = the graph's tensor
+    image = "input:0"
+    [outputs]
+    probabilities = "softmax:0"
+    logits = "dense/BiasAdd:0"
 
 This module only reads the file system; it never imports TensorFlow.
 """
@@ -18,7 +36,8 @@ import logging
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +48,30 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 # "²", which int() refuses), small enough for the database's INTEGER column.
 _VERSION = re.compile(r"[1-9][0-9]{0,8}")
 CONFIG_FILE = "model.toml"
+FORMATS = ("saved_model", "keras", "frozen_graph")
+FROZEN_GRAPH_FILE = "model.pb"
+_DEVICE = re.compile(r"(cpu|gpu):[0-9]+")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    # None: detected from the version directory's files (see detect_format).
+    format: str | None = None
     signature: str = "serving_default"
+    # Frozen graphs only: the name clients use -> the graph's tensor name ("input:0").
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    outputs: Mapping[str, str] = field(default_factory=dict)
     max_batch_size: int = 128
     max_queue_delay_ms: float = 2.0
     buckets: tuple[int, ...] = ()
     # How long one forward pass of this model may run before its jobs end `timeout`.
     timeout_s: float = 300.0
+    # The devices whose worker children load this model ("cpu:0", "gpu:1"); empty: every child.
+    devices: tuple[str, ...] = ()
+    # "latest", "all", or the version numbers to serve.
+    versions: str | tuple[int, ...] = "latest"
+    # An .npz file in the version directory with warm-up inputs; None: zeros (or empty strings).
+    warmup: str | None = None
 
     def bucket_sizes(self) -> tuple[int, ...]:
         """Padded batch sizes: powers of two up to max_batch_size unless configured."""
@@ -56,13 +89,31 @@ class ModelConfig:
         sizes.append(self.max_batch_size)
         return tuple(sizes)
 
+    def serves_device(self, device: str) -> bool:
+        return not self.devices or device in self.devices
+
+    def served_versions(self, available: Iterable[int]) -> list[int]:
+        """Which of the versions on disk this policy serves, ascending."""
+        versions = sorted(set(available))
+        if self.versions == "all":
+            return versions
+        if self.versions == "latest":
+            return versions[-1:]
+        return [v for v in versions if v in self.versions]
+
     def as_dict(self) -> dict[str, Any]:
         return {
+            "format": self.format,
             "signature": self.signature,
+            "inputs": dict(self.inputs),
+            "outputs": dict(self.outputs),
             "max_batch_size": self.max_batch_size,
             "max_queue_delay_ms": self.max_queue_delay_ms,
             "buckets": list(self.bucket_sizes()),
             "timeout_s": self.timeout_s,
+            "devices": list(self.devices),
+            "versions": self.versions if isinstance(self.versions, str) else list(self.versions),
+            "warmup": self.warmup,
         }
 
 
@@ -91,9 +142,17 @@ def _versions(model_dir: Path) -> list[Path]:
 
 
 def detect_format(path: Path) -> str | None:
+    """The format of a version directory's files, or None when it holds no model."""
     if (path / "saved_model.pb").is_file():
         return "saved_model"
+    if len(list(path.glob("*.keras"))) == 1:
+        return "keras"
+    if (path / FROZEN_GRAPH_FILE).is_file():
+        return "frozen_graph"
     return None
+
+
+_KNOWN_KEYS = frozenset(f.name for f in fields(ModelConfig))
 
 
 def read_config(model_dir: Path, *, defaults: ModelConfig) -> ModelConfig:
@@ -101,15 +160,19 @@ def read_config(model_dir: Path, *, defaults: ModelConfig) -> ModelConfig:
     if not file.is_file():
         return defaults
     raw = tomllib.loads(file.read_text())
-    known = {"signature", "max_batch_size", "max_queue_delay_ms", "buckets", "timeout_s"}
-    unknown = set(raw) - known
+    unknown = set(raw) - _KNOWN_KEYS
     if unknown:
-        raise ValueError(f"{file}: unknown keys {sorted(unknown)}; known keys are {sorted(known)}")
+        raise ValueError(
+            f"{file}: unknown keys {sorted(unknown)}; known keys are {sorted(_KNOWN_KEYS)}"
+        )
     values = {**defaults.__dict__, **raw}
     problem = _check(values)
     if problem:
         raise ValueError(f"{file}: {problem}")
     values["buckets"] = tuple(values["buckets"])
+    values["devices"] = tuple(values["devices"])
+    if not isinstance(values["versions"], str):
+        values["versions"] = tuple(values["versions"])
     values["timeout_s"] = float(values["timeout_s"])
     return ModelConfig(**values)
 
@@ -135,6 +198,30 @@ def _check(values: dict[str, Any]) -> str | None:
     number = _is_int(timeout) or isinstance(timeout, float)
     if not number or not math.isfinite(timeout) or timeout <= 0:
         return f"timeout_s must be a number above 0, got {timeout!r}"
+    fmt = values["format"]
+    if fmt is not None and fmt not in FORMATS:
+        return f"format must be one of {list(FORMATS)}, got {fmt!r}"
+    for key in ("inputs", "outputs"):
+        names = values[key]
+        if not isinstance(names, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and v for k, v in names.items()
+        ):
+            return f"[{key}] must map names to tensor names (strings), got {names!r}"
+    devices = values["devices"]
+    if not isinstance(devices, list | tuple) or not all(
+        isinstance(d, str) and _DEVICE.fullmatch(d) for d in devices
+    ):
+        return f'devices must be a list such as ["gpu:0", "cpu:0"], got {devices!r}'
+    versions = values["versions"]
+    if versions not in ("latest", "all") and not (
+        isinstance(versions, list | tuple)
+        and versions
+        and all(_is_int(v) and v >= 1 for v in versions)
+    ):
+        return f'versions must be "latest", "all" or a list of version numbers, got {versions!r}'
+    warmup = values["warmup"]
+    if warmup is not None and (not isinstance(warmup, str) or not warmup.endswith(".npz")):
+        return f"warmup must name an .npz file in the version directory, got {warmup!r}"
     return None
 
 
@@ -150,9 +237,12 @@ def scan(repository: Path, *, defaults: ModelConfig | None = None) -> list[Model
             log.error("skipping model %s: bad %s: %s", name, CONFIG_FILE, exc)
             continue
         for version_dir in sorted(_versions(model_dir), key=lambda d: int(d.name)):
-            fmt = detect_format(version_dir)
+            fmt = config.format or detect_format(version_dir)
             if fmt is None:
-                log.error("skipping %s: no saved_model.pb in it", version_dir)
+                log.error(
+                    "skipping %s: no model in it (saved_model.pb, one .keras file, or %s)",
+                    version_dir, FROZEN_GRAPH_FILE,
+                )  # fmt: skip
                 continue
             specs.append(ModelSpec(name, int(version_dir.name), version_dir, fmt, config))
     return specs

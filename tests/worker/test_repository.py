@@ -86,7 +86,7 @@ def test_scan_skips_and_logs_a_version_without_saved_model_pb(
         specs = scan(tmp_path)
 
     assert found(specs) == [("m", 1)]
-    assert "no saved_model.pb" in caplog.text and str(tmp_path / "m" / "2") in caplog.text
+    assert "no model in it" in caplog.text and str(tmp_path / "m" / "2") in caplog.text
 
 
 def test_scan_gives_each_model_its_own_config_and_the_rest_the_defaults(tmp_path: Path) -> None:
@@ -164,17 +164,18 @@ def test_read_config_keeps_defaults_for_keys_it_does_not_set(tmp_path: Path) -> 
 
 
 def test_read_config_rejects_unknown_keys_naming_them_and_the_known_ones(tmp_path: Path) -> None:
-    config_file(tmp_path, "m", "max_batch = 8\ndevices = [0]\n")
+    config_file(tmp_path, "m", "max_batch = 8\ndevice = [0]\n")
 
     with pytest.raises(ValueError) as raised:
         read_config(tmp_path / "m", defaults=ModelConfig())
 
     message = str(raised.value)
     assert str(tmp_path / "m" / "model.toml") in message
-    assert "unknown keys ['devices', 'max_batch']" in message
+    assert "unknown keys ['device', 'max_batch']" in message
     assert (
-        "known keys are ['buckets', 'max_batch_size', 'max_queue_delay_ms', 'signature', "
-        "'timeout_s']" in message
+        "known keys are ['buckets', 'devices', 'format', 'inputs', 'max_batch_size', "
+        "'max_queue_delay_ms', 'outputs', 'signature', 'timeout_s', 'versions', 'warmup']"
+        in message
     )
 
 
@@ -244,6 +245,12 @@ def test_as_dict_reports_the_buckets_in_use() -> None:
         "max_queue_delay_ms": 1.0,
         "buckets": [1, 2, 4],
         "timeout_s": 300.0,
+        "format": None,
+        "inputs": {},
+        "outputs": {},
+        "devices": [],
+        "versions": "latest",
+        "warmup": None,
     }
 
 
