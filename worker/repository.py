@@ -225,8 +225,14 @@ def _check(values: dict[str, Any]) -> str | None:
     return None
 
 
-def scan(repository: Path, *, defaults: ModelConfig | None = None) -> list[ModelSpec]:
-    """Every servable version in the repository. Unreadable entries are logged and skipped."""
+def scan(
+    repository: Path,
+    *,
+    defaults: ModelConfig | None = None,
+    problems: dict[Path, str] | None = None,
+) -> list[ModelSpec]:
+    """Every servable version in the repository. Unreadable entries are skipped: logged, or
+    recorded in `problems` (path -> why) where given, by a caller that rescans and logs once."""
     defaults = defaults or ModelConfig()
     specs: list[ModelSpec] = []
     for name in model_names(repository):
@@ -234,15 +240,19 @@ def scan(repository: Path, *, defaults: ModelConfig | None = None) -> list[Model
         try:
             config = read_config(model_dir, defaults=defaults)
         except (OSError, ValueError) as exc:  # TOMLDecodeError and UnicodeDecodeError included
-            log.error("skipping model %s: bad %s: %s", name, CONFIG_FILE, exc)
+            if problems is not None:
+                problems[model_dir] = f"bad {CONFIG_FILE}: {exc}"
+            else:
+                log.error("skipping model %s: bad %s: %s", name, CONFIG_FILE, exc)
             continue
         for version_dir in sorted(_versions(model_dir), key=lambda d: int(d.name)):
             fmt = config.format or detect_format(version_dir)
             if fmt is None:
-                log.error(
-                    "skipping %s: no model in it (saved_model.pb, one .keras file, or %s)",
-                    version_dir, FROZEN_GRAPH_FILE,
-                )  # fmt: skip
+                why = f"no model in it (saved_model.pb, one .keras file, or {FROZEN_GRAPH_FILE})"
+                if problems is not None:
+                    problems[version_dir] = why
+                else:
+                    log.error("skipping %s: %s", version_dir, why)
                 continue
             specs.append(ModelSpec(name, int(version_dir.name), version_dir, fmt, config))
     return specs
