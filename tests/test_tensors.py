@@ -88,6 +88,27 @@ def test_decode_lists_of_true_false_only_for_bool_inputs() -> None:
         decode([True], dtype="int32")
     with pytest.raises(TensorError, match="numbers"):
         decode([True], dtype="float32")
+    with pytest.raises(TensorError, match="expected true/false for dtype bool"):
+        decode(["true"], dtype="bool")
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype"),
+    [
+        ([True, 2], "float32"),  # NumPy reads this as the integers [1, 2]
+        ([[1.5, False]], "float64"),
+        ([[1], [True]], "int64"),
+        ([0, True], "uint8"),
+    ],
+)
+def test_decode_lists_refuses_true_false_among_numbers(value: list[Any], dtype: str) -> None:
+    with pytest.raises(TensorError, match=r"expected (numbers|integers) .*, got true/false"):
+        decode(value, dtype=dtype)
+
+
+def test_decode_lists_says_strings_are_not_numbers() -> None:
+    with pytest.raises(TensorError, match="expected numbers of dtype float32, got strings"):
+        decode([["1.5"]], dtype="float32")
 
 
 @pytest.mark.parametrize("value", [[[1, 2], [3]], [[1, 2], 3], [[[1]], [[1, 2]]]])
@@ -261,7 +282,8 @@ def test_unpack_gives_read_only_views() -> None:
 
 
 @pytest.mark.parametrize(
-    "array", [np.array(["a", "b"]), np.array([object(), 1], dtype=object), np.array([1j])]
+    "array",
+    [np.array([object(), 1], dtype=object), np.array([b"a", 1], dtype=object), np.array([1j])],
 )
 def test_pack_refuses_dtypes_it_cannot_unpack(array: np.ndarray) -> None:
     with pytest.raises(TensorError, match="cannot pack 'x'"):
@@ -276,3 +298,97 @@ def test_unpack_rejects_a_blob_that_is_not_packed() -> None:
 def test_batch_size_is_the_shared_leading_dimension() -> None:
     assert tensors.batch_size({"a": np.zeros((3, 2)), "b": np.zeros(3)}) == 3
     assert tensors.batch_size({}) == 0
+
+
+# strings
+
+
+def strings(*items: bytes) -> np.ndarray:
+    array = np.empty(len(items), dtype=object)
+    array[:] = list(items)
+    return array
+
+
+def test_decode_strings_gives_an_object_array_of_utf8_bytes() -> None:
+    array = decode([["héllo", ""], ["日本", "a\u0000b"]], dtype="string")
+    assert array.dtype == object and array.shape == (2, 2)
+    assert array.tolist() == [["héllo".encode(), b""], ["日本".encode(), b"a\x00b"]]
+
+
+def test_decode_strings_takes_b64_elements_for_binary_bytes() -> None:
+    array = decode(["text", {"b64": base64.b64encode(b"\xff\x00").decode()}], dtype="string")
+    assert array.tolist() == [b"text", b"\xff\x00"]
+
+
+def test_decode_strings_keeps_the_shape_of_empty_lists() -> None:
+    assert decode([], dtype="string").shape == (0,)
+    assert decode([[], []], dtype="string").shape == (2, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([1, 2], "expected strings .* for dtype string, got a number"),
+        (["a", True], "got true/false"),
+        ([["a"], [None]], "got null"),
+        ([{"b64": "a", "x": 1}], "got an object"),
+        ([{"b64": "!!"}], "b64 is not valid base64"),
+        ([["a", "b"], ["c"]], "ragged"),
+        ([["a"], "b"], "ragged"),
+        (["a", ["b"]], "ragged"),
+        ("abc", "expected nested lists of strings"),
+        ({"b64": "YQ==", "dtype": "string", "shape": [1]}, "expected nested lists of strings"),
+        ([[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["a"]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]], "deeper than 32"),
+    ],
+)
+def test_decode_strings_refuses_what_is_not_strings(value: Any, message: str) -> None:
+    with pytest.raises(TensorError, match=message):
+        decode(value, dtype="string")
+
+
+def test_encode_strings_as_text_or_b64_where_not_utf8() -> None:
+    array = strings(b"caf\xc3\xa9", b"\xff").reshape(1, 2)
+    assert encode(array) == [["café", {"b64": "/w=="}]]
+    assert encode(array, encoding="b64") == [[{"b64": "Y2Fmw6k="}, {"b64": "/w=="}]]
+
+
+@pytest.mark.parametrize("encoding", ["json", "b64"])
+def test_encode_then_decode_strings_gives_back_the_bytes(encoding: str) -> None:
+    original = strings(b"a", b"\xc3", b"", "é".encode()).reshape(2, 2)
+    array = decode(encode(original, encoding=encoding), dtype="string")
+    assert array.tolist() == original.tolist()
+
+
+def test_encode_numpy_str_and_bytes_arrays_as_strings() -> None:
+    assert encode(np.array([["a", "é"]])) == [["a", "é"]]
+    assert encode(np.array([b"a", b"b"])) == ["a", "b"]
+
+
+def test_pack_then_unpack_strings_among_other_tensors() -> None:
+    original: dict[str, np.ndarray] = {
+        "text": strings(b"one", b"", b"\xff\x00three", "é".encode()).reshape(2, 2),
+        "x": np.arange(4, dtype=np.float32),
+        "empty": strings(),
+        "scalar": strings(b"s").reshape(()),
+    }
+    unpacked = unpack(pack(original))
+    assert list(unpacked) == list(original)
+    for name, array in original.items():
+        assert unpacked[name].shape == array.shape
+        assert unpacked[name].tolist() == array.tolist()
+    assert unpacked["text"].dtype == object
+    assert not unpacked["text"].flags.writeable
+
+
+def test_pack_stores_str_and_fixed_width_arrays_as_utf8_bytes() -> None:
+    unpacked = unpack(pack({"u": np.array(["é", "ab"]), "s": np.array([b"x", b"yz"])}))
+    assert unpacked["u"].tolist() == ["é".encode(), b"ab"]
+    assert unpacked["s"].tolist() == [b"x", b"yz"]
+
+
+def test_unpack_reads_a_blob_packed_before_strings_existed() -> None:
+    # The layout packed blobs had before string tensors: unchanged for every other dtype.
+    head = b'[{"name":"x","dtype":"float32","shape":[2],"offset":0,"nbytes":8}]'
+    blob = b"TFT1" + len(head).to_bytes(4, "little") + head + np.float32([1, 2]).tobytes()
+    np.testing.assert_array_equal(unpack(blob)["x"], [1, 2])
+    assert pack({"x": np.float32([1, 2])}) == blob

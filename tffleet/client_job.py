@@ -71,7 +71,7 @@ class Job:
                 {"code": self.error.code, "message": self.error.message} if self.error else None
             ),
             "outputs": (
-                {name: array.tolist() for name, array in self.outputs.items()}
+                {name: tensors.encode(array) for name, array in self.outputs.items()}
                 if self.outputs is not None
                 else None
             ),
@@ -147,7 +147,9 @@ def encode_inputs(inputs: Any) -> Any:
     """The wire form of `inputs`: arrays become binary envelopes, lists and envelopes pass as is.
 
     An array keeps its dtype (the API refuses an envelope of another dtype than the signature's,
-    so cast float64 data to the model's float32 first); nested lists are cast by the API.
+    so cast float64 data to the model's float32 first); nested lists are cast by the API. An
+    array of strings (str, bytes, or objects holding them) becomes nested lists of strings, with
+    `{"b64": ...}` for bytes that are not UTF-8.
     """
     if isinstance(inputs, Mapping) and not _is_envelope(inputs):
         return {name: _encode_tensor(value) for name, value in inputs.items()}
@@ -156,7 +158,7 @@ def encode_inputs(inputs: Any) -> Any:
 
 def _encode_tensor(value: Any) -> Any:
     if isinstance(value, np.ndarray):
-        return tensors.encode(value, encoding="b64")
+        return tensors.encode(value, encoding="json" if tensors.is_string(value) else "b64")
     if isinstance(value, tuple):
         return np.asarray(value).tolist()
     return value  # lists, envelopes; the API names anything else it cannot read
@@ -167,7 +169,8 @@ def _is_envelope(value: Mapping[str, Any]) -> bool:
 
 
 def decode_tensor(value: Any) -> np.ndarray:
-    """An output off the wire, as a (writable) array: an envelope keeps its dtype."""
+    """An output off the wire, as a (writable) array: an envelope keeps its dtype, and strings
+    become an object array of bytes, as TensorFlow's `.numpy()` gives them."""
     if isinstance(value, Mapping):
         dtype = value.get("dtype")
         if dtype not in tensors.DTYPES:
@@ -176,7 +179,18 @@ def decode_tensor(value: Any) -> np.ndarray:
             return tensors.decode(value, dtype=dtype).copy()
         except tensors.TensorError as exc:
             raise ProtocolError(f"output is not a valid tensor: {exc}") from None
+    if isinstance(_first_element(value), str | Mapping):
+        try:
+            return tensors.decode(value, dtype=tensors.STRING)
+        except tensors.TensorError as exc:
+            raise ProtocolError(f"output is not a valid tensor: {exc}") from None
     return np.asarray(value)
+
+
+def _first_element(value: Any) -> Any:
+    while isinstance(value, list) and value:
+        value = value[0]
+    return value
 
 
 def _datetime(value: str | None) -> datetime | None:

@@ -4,6 +4,11 @@ On the wire (the HTTP contract) a tensor is either nested JSON lists, batch dime
 a binary envelope `{"b64": ..., "dtype": "float32", "shape": [n, ...]}` of C-order little-endian
 bytes. At rest (the job row) a set of named tensors is packed into one blob: a small JSON header
 followed by the raw bytes, so the worker reads it back without copying.
+
+String tensors (dtype "string", as TensorFlow names tf.string) are NumPy object arrays of bytes,
+as TensorFlow's `.numpy()` gives them. On the wire they are nested lists of JSON strings (UTF-8),
+where an element may be `{"b64": ...}` for bytes that are not text (TF Serving's convention); no
+binary envelope. At rest their entry holds each element's length, then the bytes one after another.
 """
 
 from __future__ import annotations
@@ -36,9 +41,17 @@ DTYPES: dict[str, np.dtype[Any]] = {
         "bool",
     )
 }
+# A string tensor's dtype name; NumPy holds it as an object array of bytes.
+STRING = "string"
+# Every dtype a signature may name.
+SUPPORTED_DTYPES = frozenset({*DTYPES, STRING})
 
 _MAGIC = b"TFT1"
 _HEADER_LEN = struct.Struct("<I")
+# A packed string tensor: each element's length in bytes, then the elements' bytes.
+_STRING_LENGTH = np.dtype("<u8")
+# Nesting deeper than this is no tensor (NumPy's own limit is 64 dimensions).
+_MAX_RANK = 32
 
 
 class TensorError(ValueError):
@@ -47,6 +60,12 @@ class TensorError(ValueError):
 
 def decode(value: Any, *, dtype: str) -> np.ndarray:
     """Decode a wire tensor to an array of the signature's `dtype`."""
+    if dtype == STRING:
+        if not isinstance(value, list):
+            raise TensorError(
+                'expected nested lists of strings (an element may be {"b64": ...} for bytes)'
+            )
+        return _decode_strings(value)
     if isinstance(value, Mapping):
         return _decode_envelope(value, dtype=dtype)
     if not isinstance(value, list):
@@ -108,26 +127,94 @@ def _decode_lists(value: list[Any], *, dtype: str) -> np.ndarray:
         if min(flat) < info.min or max(flat) > info.max:
             raise TensorError(f"integer out of range for dtype {dtype}")
         return np.array(value, dtype=np_dtype)
-    if kind == "O" or kind in "USV":
-        raise TensorError(f"expected numbers of dtype {dtype}")
+    if np_dtype.kind == "b":
+        if kind != "b":
+            raise TensorError("expected true/false for dtype bool")
+        return natural.astype(np_dtype, copy=False)
+    wanted = f"integers for dtype {dtype}" if np_dtype.kind in "iu" else f"numbers of dtype {dtype}"
+    if kind in "US":
+        raise TensorError(f"expected {wanted}, got strings")
+    # true/false are not numbers here, as they are not in TensorFlow; NumPy reads [true, 2] as
+    # the integers [1, 2].
+    if kind == "b" or (kind in "iuf" and _holds_bool(value)):
+        raise TensorError(f"expected {wanted}, got true/false")
+    if kind not in "iuf":
+        raise TensorError(f"expected {wanted}")
     if np_dtype.kind == "f":
-        # true/false are not numbers here, as they are not in TensorFlow.
-        if kind not in "iuf":
-            raise TensorError(f"expected numbers of dtype {dtype}")
         with np.errstate(over="ignore"):
             array = natural.astype(np_dtype, copy=False)
         if not np.isfinite(array).all() and np.isfinite(natural).all():
             raise TensorError(f"number out of range for dtype {dtype}")
         return array
-    if np_dtype.kind in "iu":
-        if kind not in "iu":
-            raise TensorError(f"expected integers for dtype {dtype}")
-        info = np.iinfo(np_dtype)
-        if natural.min() < info.min or natural.max() > info.max:
-            raise TensorError(f"integer out of range for dtype {dtype}")
-    elif np_dtype.kind == "b" and kind != "b":
-        raise TensorError("expected true/false for dtype bool")
+    if kind not in "iu":
+        raise TensorError(f"expected {wanted}")
+    info = np.iinfo(np_dtype)
+    if natural.min() < info.min or natural.max() > info.max:
+        raise TensorError(f"integer out of range for dtype {dtype}")
     return natural.astype(np_dtype, copy=False)
+
+
+def _holds_bool(value: list[Any]) -> bool:
+    """Whether rectangular nested lists hold a true/false; the innermost rows are checked in C."""
+    if value and isinstance(value[0], list):
+        return any(_holds_bool(row) for row in value)
+    return bool in map(type, value)
+
+
+def _decode_strings(value: list[Any]) -> np.ndarray:
+    """Nested lists of strings (or {"b64": ...}) to an object array of bytes."""
+    shape: list[int] = []
+    probe: Any = value
+    while isinstance(probe, list):
+        if len(shape) == _MAX_RANK:
+            raise TensorError(f"nested lists deeper than {_MAX_RANK} dimensions")
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    flat: list[bytes] = []
+
+    def walk(node: Any, depth: int) -> None:
+        if depth == len(shape):
+            if isinstance(node, list):
+                raise TensorError("nested lists are ragged (rows of different lengths)")
+            flat.append(_string_element(node))
+        elif not isinstance(node, list) or len(node) != shape[depth]:
+            raise TensorError("nested lists are ragged (rows of different lengths)")
+        else:
+            for item in node:
+                walk(item, depth + 1)
+
+    walk(value, 0)
+    array = np.empty(len(flat), dtype=object)
+    array[:] = flat
+    return array.reshape(shape)
+
+
+def _string_element(value: Any) -> bytes:
+    if isinstance(value, str):
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TensorError("a string is not valid Unicode (a lone surrogate)") from None
+    if isinstance(value, Mapping) and set(value) == {"b64"} and isinstance(value["b64"], str):
+        try:
+            return pybase64.b64decode(value["b64"], validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise TensorError(f"b64 is not valid base64 ({exc})") from None
+    raise TensorError(
+        f'expected strings (or {{"b64": ...}} for bytes) for dtype string, got {_json_type(value)}'
+    )
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "a number"
+    if value is None:
+        return "null"
+    return "an object" if isinstance(value, Mapping) else type(value).__name__
 
 
 def _flatten(value: Any) -> list[int]:
@@ -142,8 +229,21 @@ def _all_python_ints(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_string(array: np.ndarray) -> bool:
+    """Whether an array holds strings: bytes or str (objects, or NumPy's fixed-width S and U)."""
+    return array.dtype.kind in "OSU"
+
+
 def encode(array: np.ndarray, *, encoding: str = "json") -> Any:
-    """Encode an array for the wire, as nested lists or as a binary envelope."""
+    """Encode an array for the wire, as nested lists or as a binary envelope.
+
+    A string array is nested lists either way: of JSON strings where the bytes are UTF-8 (else
+    `{"b64": ...}`) for "json", of `{"b64": ...}` for every element for "b64", which carries any
+    bytes unchanged.
+    """
+    if is_string(array):
+        binary = encoding == "b64"
+        return _map_leaves(array.tolist(), lambda item: _wire_string(item, binary=binary))
     if encoding == "b64":
         little = array.astype(array.dtype.newbyteorder("<"), copy=False)
         return {
@@ -154,24 +254,46 @@ def encode(array: np.ndarray, *, encoding: str = "json") -> Any:
     return array.tolist()
 
 
+def _map_leaves(node: Any, fn: Any) -> Any:
+    if isinstance(node, list):
+        return [_map_leaves(item, fn) for item in node]
+    return fn(node)
+
+
+def _wire_string(item: Any, *, binary: bool) -> Any:
+    if isinstance(item, str):
+        if not binary:
+            return item
+        item = item.encode("utf-8")
+    elif not isinstance(item, bytes):
+        raise TensorError(f"a string tensor holds {type(item).__name__}, not str or bytes")
+    if not binary:
+        try:
+            return item.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    return {"b64": pybase64.b64encode(item).decode("ascii")}
+
+
 def pack(tensors: Mapping[str, np.ndarray]) -> bytes:
     """Pack named arrays into one blob: magic, header length, JSON header, raw bytes."""
     header = []
     chunks = []
     offset = 0
     for name, array in tensors.items():
-        if array.dtype.name not in DTYPES:
-            # Anything else (strings, objects) has no portable raw bytes; an object array's
-            # bytes are pointers.
+        if is_string(array):
+            dtype, raw = STRING, _pack_strings(name, array)
+        elif array.dtype.name in DTYPES:
+            # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
+            data = array.astype(array.dtype.newbyteorder("<"), order="C", copy=False)
+            dtype, raw = data.dtype.name, data.tobytes()
+        else:
             raise TensorError(f"cannot pack {name!r}: dtype {array.dtype.name} is not supported")
-        # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
-        data = array.astype(array.dtype.newbyteorder("<"), order="C", copy=False)
-        raw = data.tobytes()
         header.append(
             {
                 "name": name,
-                "dtype": data.dtype.name,
-                "shape": list(data.shape),
+                "dtype": dtype,
+                "shape": list(array.shape),
                 "offset": offset,
                 "nbytes": len(raw),
             }
@@ -182,20 +304,62 @@ def pack(tensors: Mapping[str, np.ndarray]) -> bytes:
     return b"".join([_MAGIC, _HEADER_LEN.pack(len(head)), head, *chunks])
 
 
+def _pack_strings(name: str, array: np.ndarray) -> bytes:
+    try:
+        items = as_bytes(array).ravel().tolist()
+    except TensorError as exc:
+        raise TensorError(f"cannot pack {name!r}: {exc}") from None
+    lengths = np.fromiter(map(len, items), dtype=_STRING_LENGTH, count=len(items))
+    return lengths.tobytes() + b"".join(items)
+
+
+def as_bytes(array: np.ndarray) -> np.ndarray:
+    """An array of str or bytes as TensorFlow's form of a string tensor: an object array of bytes
+    (str encoded as UTF-8). NumPy's fixed-width bytes (dtype S) drop trailing NUL bytes."""
+    items = array.ravel().tolist()
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            try:
+                items[i] = item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise TensorError("a string is not valid Unicode (a lone surrogate)") from None
+        elif not isinstance(item, bytes):
+            raise TensorError(f"a string tensor holds {type(item).__name__}, not str or bytes")
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out.reshape(array.shape)
+
+
 def unpack(blob: bytes) -> dict[str, np.ndarray]:
-    """The inverse of `pack`; the arrays are read-only views of `blob`."""
+    """The inverse of `pack`. The arrays are read-only: views of `blob`, or for strings object
+    arrays of bytes."""
     if blob[:4] != _MAGIC:
         raise TensorError("not a packed tensor blob")
     (head_len,) = _HEADER_LEN.unpack_from(blob, 4)
     start = 8 + head_len
     header = orjson.loads(blob[8:start])
     body = memoryview(blob)[start:]
-    return {
-        item["name"]: np.frombuffer(
-            body[item["offset"] : item["offset"] + item["nbytes"]], dtype=DTYPES[item["dtype"]]
-        ).reshape(item["shape"])
-        for item in header
-    }
+    arrays = {}
+    for item in header:
+        raw = body[item["offset"] : item["offset"] + item["nbytes"]]
+        if item["dtype"] == STRING:
+            arrays[item["name"]] = _unpack_strings(raw, item["shape"])
+        else:
+            arrays[item["name"]] = np.frombuffer(raw, dtype=DTYPES[item["dtype"]]).reshape(
+                item["shape"]
+            )
+    return arrays
+
+
+def _unpack_strings(raw: memoryview, shape: list[int]) -> np.ndarray:
+    count = math.prod(shape)
+    split = count * _STRING_LENGTH.itemsize
+    ends = np.cumsum(np.frombuffer(raw[:split], dtype=_STRING_LENGTH)).tolist()
+    data = raw[split:]
+    array = np.empty(count, dtype=object)
+    array[:] = [bytes(data[start:end]) for start, end in zip([0, *ends], ends, strict=False)]
+    array.flags.writeable = False
+    return array.reshape(shape)
 
 
 def batch_size(tensors: Mapping[str, np.ndarray]) -> int:

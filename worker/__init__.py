@@ -1,5 +1,5 @@
 """Celery workers: the app, device pinning per child, the model runtime, batching.
 
-Only `worker/runtime.py` (and what it is called from in a child) imports TensorFlow; the Celery
+Only `worker/runtime/` (and what it is called from in a child) imports TensorFlow; the Celery
 main process imports `worker.app` and `worker.tasks`, which never do.
 """

@@ -428,12 +428,15 @@ def _forward(
         size = len(next(iter(chunk.values())))
         padded = policy.padded_size(size)
         if padded > size:
-            chunk = {
-                k: np.concatenate([v, np.zeros((padded - size, *v.shape[1:]), dtype=v.dtype)])
-                for k, v in chunk.items()
-            }
+            chunk = {k: _pad(v, padded - size) for k, v in chunk.items()}
         out = runner.run(chunk)
         parts.append({k: np.asarray(v)[:size] for k, v in out.items()})
     if len(parts) == 1:
         return parts[0]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _pad(array: np.ndarray, rows: int) -> np.ndarray:
+    """`array` with `rows` more of zeros, False or b"" (strings: np.zeros would put 0 there)."""
+    fill = b"" if array.dtype == object else 0
+    return np.concatenate([array, np.full((rows, *array.shape[1:]), fill, dtype=array.dtype)])

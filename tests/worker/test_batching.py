@@ -535,6 +535,38 @@ def test_jobs_whose_sample_shapes_differ_run_in_separate_forward_passes() -> Non
     np.testing.assert_array_equal(tensors.unpack(outcomes["b"])["y"], [[5], [5], [5]])
 
 
+def test_string_and_bool_inputs_are_padded_with_empty_strings_and_false() -> None:
+    class Echo:
+        inputs = {
+            "text": {"dtype": "string", "shape": [-1]},
+            "flag": {"dtype": "bool", "shape": [-1]},
+        }
+        seen: list[dict[str, np.ndarray]] = []
+
+        def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            self.seen.append(batch)
+            upper = np.array([t.upper() for t in batch["text"]], dtype=object)
+            return {"upper": upper, "flag": ~batch["flag"]}
+
+    def text_lease(job_id: str, words: list[bytes], flags: list[bool]) -> jobs.Lease:
+        text = np.empty(len(words), dtype=object)
+        text[:] = words
+        inputs = tensors.pack({"text": text, "flag": np.array(flags)})
+        return jobs.Lease(job_id, "t1", 1, len(words), 0, inputs)
+
+    runner = Echo()
+    leases = [text_lease("a", [b"ab", b"\xff"], [True, False]), text_lease("b", [b"c"], [True])]
+
+    outcomes = dict(run_leases(leases, runner=runner, policy=policy()))
+
+    (batch,) = runner.seen
+    assert batch["text"].tolist() == [b"ab", b"\xff", b"c", b""]
+    assert batch["flag"].tolist() == [True, False, True, False]
+    a, b = (tensors.unpack(outcomes[held]) for held in leases)
+    assert a["upper"].tolist() == [b"AB", b"\xff"] and a["flag"].tolist() == [False, True]
+    assert b["upper"].tolist() == [b"C"] and b["flag"].tolist() == [False]
+
+
 def test_jobs_for_a_model_this_child_cannot_run_end_model_error_and_are_announced(
     sessions: Sessions, batch: BatchRun
 ) -> None:
