@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
+import time
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
 
 import orjson
@@ -21,13 +22,20 @@ class CompletionWaiter:
 
     A lost announcement (Redis restarting, say) only delays a poll: callers re-read the database
     whenever they wake, and wake at least every `recheck_s`.
+
+    Announcements of the last `remember_s` are remembered, so a caller that starts watching a
+    job just after it ended (a submit that waits, watching once its jobs are published) is
+    woken at once instead of missing it.
     """
 
     recheck_s = 2.0
+    remember_s = 30.0
+    _REMEMBER_MAX = 100_000
 
     def __init__(self, redis_url: str) -> None:
         self._url = redis_url
         self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        self._recent: OrderedDict[str, float] = OrderedDict()  # job id -> when announced
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -55,6 +63,8 @@ class CompletionWaiter:
         event = asyncio.Event()
         for job_id in job_ids:
             self._waiters[job_id].add(event)
+            if job_id in self._recent:
+                event.set()
         try:
             yield event
         finally:
@@ -66,9 +76,17 @@ class CompletionWaiter:
                         del self._waiters[job_id]
 
     def _wake(self, job_ids: list[str]) -> None:
+        now = time.monotonic()
+        recent = self._recent
         for job_id in job_ids:
+            recent[job_id] = now
+            recent.move_to_end(job_id)
             for event in self._waiters.get(job_id, ()):
                 event.set()
+        while recent and (
+            len(recent) > self._REMEMBER_MAX or next(iter(recent.values())) < now - self.remember_s
+        ):
+            recent.popitem(last=False)
 
     def _wake_all(self) -> None:
         for events in self._waiters.values():

@@ -300,21 +300,36 @@ def sdk_bulk(fleet: Fleet, *, jobs: int) -> Result:
     return Result(jobs / elapsed, client_cpu_ms=cpu / jobs * 1000)
 
 
-def idle_latency(fleet: Fleet, *, jobs: int) -> Result:
+def idle_latency(fleet: Fleet, *, jobs: int, one_request: bool = True) -> Result:
+    """One client, one job at a time: `POST /v1/jobs?wait=30` (submit and long-poll in one round
+    trip), or with `one_request=False` a POST and then `GET /v1/jobs/ID?wait=30`."""
     body = one_sample_body("mlp")
 
     async def run() -> Result:
         conn = await Connection.open("127.0.0.1", fleet.port)
-        raw = conn.post_bytes("/v1/jobs", body)
+        raw = conn.post_bytes("/v1/jobs?wait=30" if one_request else "/v1/jobs", body)
+
+        async def once() -> None:
+            if not one_request:
+                await _submit_and_wait(conn, raw)
+                return
+            response = await conn.request(raw)
+            if orjson.loads(response.body)["status"] != "succeeded":
+                raise RuntimeError(f"job did not succeed: {response.body[:300]!r}")
+
         for _ in range(10):
-            await _submit_and_wait(conn, raw)
+            await once()
         latencies = []
+        cpu = time.process_time()
         for _ in range(jobs):
             started = time.perf_counter()
-            await _submit_and_wait(conn, raw)
+            await once()
             latencies.append(time.perf_counter() - started)
+        cpu = time.process_time() - cpu
         await conn.close()
-        return Result(jobs / sum(latencies), _percentile(latencies, 0.5))
+        return Result(
+            jobs / sum(latencies), _percentile(latencies, 0.5), client_cpu_ms=cpu / jobs * 1000
+        )
 
     return asyncio.run(run())
 
@@ -399,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
             r["6"] = _section(
                 "(6) idle latency", lambda: idle_latency(fleet, jobs=int(300 * scale) or 50)
             )
+            r["6get"] = _section(
+                "(6) idle latency, POST then GET",
+                lambda: idle_latency(fleet, jobs=int(300 * scale) or 50, one_request=False),
+            )
             r["3on"] = _section(
                 "(3) HTTP, batching on",
                 lambda: http_load(fleet, one_sample_body("mlp"), jobs=n_http, clients=args.clients),
@@ -444,9 +463,12 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"(5) tffleet CNN 16 x 256 (b64)         {show('5', lambda v: f'{v.rate:9.0f} samples/s')}"
     )
-    print(
-        f"(6) tffleet idle latency               {show('6', lambda v: f'p50 {v.p50_ms:6.1f} ms')}"
-    )
+
+    def p50(v: Result) -> str:
+        return f"p50 {v.p50_ms:6.1f} ms, client CPU {v.client_cpu_ms:.2f} ms/job"
+
+    print(f"(6) tffleet idle, POST ?wait=          {show('6', p50)}")
+    print(f"(6) tffleet idle, POST then GET ?wait= {show('6get', p50)}")
 
     idle = r["6"].p50_ms if r.get("6") else None
     celery_p50 = r["2"].p50_ms if r.get("2") else None

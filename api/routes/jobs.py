@@ -95,12 +95,22 @@ _INLINE_BODY_BYTES = 64 * 1024
         },
     },
 )
-async def submit(request: Request) -> Response:
+async def submit(
+    request: Request,
+    wait: Annotated[
+        float, Query(ge=0, le=30, description="Hold until every job ends, seconds.")
+    ] = 0,
+    encoding: Annotated[Encoding, Query(description="`b64`: binary outputs.")] = "json",
+) -> Response:
     """Validate jobs against their model's signature, store them, and wake a worker.
 
     The body is one job, or `{"jobs": [job, ...]}` to submit many at once (all or none).
     With an `Idempotency-Key` header, a request sent again gets the jobs the first one stored
     (409 if its body differs). 429 while the queue is full.
+
+    With `wait`, the answer is held until every job of the request has ended (outputs
+    included) or `wait` seconds pass: submit and long-poll in one round trip. It is 202 either
+    way; the jobs' `status` says whether they ended.
     """
     started = time.perf_counter()
     state = get_state(request)  # not a dependency: solving one costs more than the call
@@ -118,6 +128,13 @@ async def submit(request: Request) -> Response:
     ingested = await state.ingestor(new)
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
     outs = ingested.jobs
+    if wait > 0:
+        # The jobs as just stored: a first read would only say what `outs` says. An ending
+        # announced before the watch starts is remembered by the waiter.
+        outs = await _wait_for(
+            state, [out["id"] for out in outs], wait_s=wait, encoding=encoding, until="all",
+            known=outs,
+        )  # fmt: skip
     response = json_response({"jobs": outs} if many else outs[0], 202)
     if key is not None:
         response.headers["Idempotent-Replayed"] = "true" if ingested.replayed else "false"
@@ -191,15 +208,25 @@ def _prepare(
 
 
 async def _wait_for(
-    state: AppState, job_ids: Sequence[str], *, wait_s: float, encoding: Encoding
+    state: AppState,
+    job_ids: Sequence[str],
+    *,
+    wait_s: float,
+    encoding: Encoding,
+    until: Literal["any", "all"] = "any",
+    known: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Read the jobs; hold until one that was unfinished ends, or `wait_s` passes."""
+    """Read the jobs; hold until one that was unfinished ends (`until="all"`: until every one
+    has), or `wait_s` passes. `known`: the jobs as the caller just read them, outputs left
+    out, which saves the first read while none of them has ended."""
     if wait_s <= 0:
         return await state.reader((job_ids, encoding))
     deadline = asyncio.get_running_loop().time() + wait_s
     # Watch before the first read: an announcement between the two would otherwise be missed.
     with state.waiter.watch(*job_ids) as ended:
-        outs = await state.reader((job_ids, encoding))
+        if known is None or any(out["status"] in _FINISHED for out in known):
+            known = await state.reader((job_ids, encoding))
+        outs = known
         pending = {out["id"] for out in outs if out["status"] not in _FINISHED}
         while pending:
             remaining = deadline - asyncio.get_running_loop().time()
@@ -210,8 +237,10 @@ async def _wait_for(
             ended.clear()
             # Woken by an announcement, or by the periodic re-check: the database decides.
             outs = await state.reader((job_ids, encoding))
-            if any(out["status"] in _FINISHED for out in outs if out["id"] in pending):
+            ended_now = {out["id"] for out in outs if out["status"] in _FINISHED} & pending
+            if ended_now and until == "any":
                 break
+            pending -= ended_now
         return outs
 
 

@@ -1,0 +1,147 @@
+"""POST /v1/jobs?wait=: submit and long-poll in one round trip."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.waiter import CompletionWaiter
+from db.models import Job, JobStatus
+from tests.api.conftest import Api, _until_subscribed, finish_job
+
+pytestmark = pytest.mark.anyio
+
+Sessions = sessionmaker[Session]
+
+BODY = {"model": "mlp", "inputs": [[1.0, 2.0, 3.0, 4.0]]}
+OUTPUTS = {"y": np.array([[0.5, -1.25, 3.0]], dtype=np.float32)}
+
+
+class FakeWorker:
+    """Finishes each queued job `delay_s` after it appears, announcing it as a worker does."""
+
+    def __init__(self, sessions: Sessions, redis_url: str, delays_s: list[float]) -> None:
+        self._sessions, self._redis_url, self._delays = sessions, redis_url, list(delays_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-worker", daemon=True)
+        self.errors: list[BaseException] = []
+
+    def __enter__(self) -> FakeWorker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self.errors:
+            raise self.errors[0]
+
+    def _run(self) -> None:
+        try:
+            _until_subscribed(self._redis_url)  # here: the test's event loop must run meanwhile
+            while self._delays and not self._stop.is_set():
+                with self._sessions() as session:
+                    queued = session.scalars(
+                        select(Job.id).where(Job.status == JobStatus.QUEUED.value).order_by(Job.id)
+                    ).all()
+                if not queued:
+                    time.sleep(0.01)
+                    continue
+                time.sleep(self._delays.pop(0))
+                finish_job(self._sessions, queued[0], OUTPUTS, announce_to=self._redis_url)
+        except BaseException as exc:  # surfaced by __exit__, in the test's thread
+            self.errors.append(exc)
+
+
+@pytest.fixture
+def worker(sessions: Sessions, redis_url: str) -> Iterator[Any]:
+    def start(*delays_s: float) -> FakeWorker:
+        return FakeWorker(sessions, redis_url, list(delays_s))
+
+    yield start
+
+
+async def test_submit_with_wait_answers_with_the_finished_job_and_its_outputs(
+    api: Api, worker: Any
+) -> None:
+    with worker(0.2):
+        started = time.monotonic()
+        response = await api.client.post("/v1/jobs", params={"wait": "10"}, json=BODY)
+        elapsed = time.monotonic() - started
+
+    assert response.status_code == 202
+    job = response.json()
+    assert job["status"] == "succeeded"
+    assert job["outputs"] == {"y": OUTPUTS["y"].tolist()}
+    # Woken by the announcement, not by the 2 s re-check nor the 10 s limit.
+    assert 0.2 <= elapsed < 1.5, elapsed
+
+
+async def test_submit_with_wait_gives_up_after_wait_seconds_with_the_job_queued(
+    api: Api,
+) -> None:
+    started = time.monotonic()
+
+    response = await api.client.post("/v1/jobs", params={"wait": "0.5"}, json=BODY)
+
+    assert response.status_code == 202
+    assert response.json()["status"] == "queued" and response.json()["outputs"] is None
+    assert 0.45 <= time.monotonic() - started < 1.5
+
+
+async def test_bulk_submit_with_wait_holds_until_every_job_ended(api: Api, worker: Any) -> None:
+    with worker(0.05, 0.4):
+        started = time.monotonic()
+        response = await api.client.post(
+            "/v1/jobs", params={"wait": "10"}, json={"jobs": [BODY, BODY]}
+        )
+        elapsed = time.monotonic() - started
+
+    jobs = response.json()["jobs"]
+    assert [job["status"] for job in jobs] == ["succeeded", "succeeded"]
+    assert all(job["outputs"] == {"y": OUTPUTS["y"].tolist()} for job in jobs)
+    assert elapsed >= 0.45, elapsed
+
+
+async def test_an_idempotent_replay_with_wait_of_a_finished_job_has_its_outputs(
+    api: Api, sessions: Sessions
+) -> None:
+    headers = {"Idempotency-Key": "replay-with-wait"}
+    first = (await api.client.post("/v1/jobs", json=BODY, headers=headers)).json()
+    finish_job(sessions, first["id"], OUTPUTS)
+
+    again = await api.client.post("/v1/jobs", params={"wait": "10"}, json=BODY, headers=headers)
+
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first["id"]
+    assert again.json()["outputs"] == {"y": OUTPUTS["y"].tolist()}
+
+
+@pytest.mark.parametrize(
+    "params", [{"wait": "31"}, {"wait": "-1"}, {"encoding": "hex"}], ids=["long", "neg", "enc"]
+)
+async def test_bad_wait_or_encoding_on_submit_is_422_and_stores_nothing(
+    api: Api, sessions: Sessions, params: dict[str, str]
+) -> None:
+    response = await api.client.post("/v1/jobs", params=params, json=BODY)
+
+    assert response.status_code == 422
+    with sessions() as session:
+        assert session.scalars(select(Job.id)).all() == []
+
+
+async def test_the_waiter_remembers_an_ending_announced_before_the_watch_began() -> None:
+    waiter = CompletionWaiter("redis://unused")
+    waiter._wake(["early"])  # the announcement, as the listener delivers it
+
+    with waiter.watch("early") as ended, waiter.watch("other") as not_yet:
+        await asyncio.sleep(0)
+        assert ended.is_set() and not not_yet.is_set()
