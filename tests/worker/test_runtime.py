@@ -120,10 +120,12 @@ def test_a_missing_signature_is_a_clear_error_naming_the_ones_there(mlp_model: E
     assert "serving_default" in message
 
 
-def test_a_format_other_than_saved_model_is_refused(mlp_model: Exported) -> None:
+def test_a_directory_of_another_format_than_configured_is_a_clear_error(
+    mlp_model: Exported,
+) -> None:
     spec = ModelSpec(name="mlp", version=1, path=mlp_model.path, format="keras")
 
-    with pytest.raises(ValueError, match="format 'keras' is not supported yet"):
+    with pytest.raises(ValueError, match=f"{mlp_model.path}: expected one .keras file, found none"):
         runtime.load(spec)
 
 
