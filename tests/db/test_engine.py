@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from db.engine import make_engine, normalize_url, readonly
+from db.engine import WalCheckpointer, make_engine, normalize_url, readonly
 from db.migrate import alembic_config
 from db.models import Job
 
@@ -50,6 +52,31 @@ def sqlite_engine(sqlite_url: str) -> Iterator[Engine]:
 def test_sqlite_runs_in_wal_mode(sqlite_engine: Engine) -> None:
     with sqlite_engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def _database_file_bytes(engine: Engine) -> int:
+    return Path(str(engine.url.database)).stat().st_size
+
+
+def test_large_commits_leave_the_checkpoint_to_the_background_checkpointer(
+    sqlite_engine: Engine,
+) -> None:
+    blob = os.urandom(8 * 1024 * 1024)  # 2,048 pages: past SQLite's default auto-checkpoint
+    with sqlite_engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE blobs (data BLOB)")
+        conn.exec_driver_sql("INSERT INTO blobs VALUES (?)", (blob,))
+    # Committed into the WAL; the commit did not copy it into the database file.
+    assert _database_file_bytes(sqlite_engine) < len(blob)
+
+    checkpointer = WalCheckpointer(sqlite_engine, interval_s=0.05)
+    checkpointer.start()
+    try:
+        deadline = time.monotonic() + 10
+        while _database_file_bytes(sqlite_engine) < len(blob) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        checkpointer.stop()
+    assert _database_file_bytes(sqlite_engine) >= len(blob)
 
 
 def test_sqlite_reads_run_beside_an_open_write(sqlite_engine: Engine) -> None:
