@@ -102,7 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             reads=reads,
             publisher=publisher,
             waiter=CompletionWaiter(settings.broker_url),
-            signatures=SignatureCache(sessions),
+            signatures=SignatureCache(sessions, poll_s=settings.model_poll_s),
             ingestor=Ingestor(sessions, publisher),
             reader=JobReader(reads),
             admission=QueueLimit(reads, max_queued_jobs=settings.max_queued_jobs),

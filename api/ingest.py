@@ -35,6 +35,18 @@ class Ingested:
     replayed: bool = False
 
 
+# A transaction holds at most 2048 jobs or 16 MiB of inputs (a request that alone is larger
+# gets one of its own). Large submissions are then committed, published and run one after
+# another, the worker reading one job's inputs while the API writes the next, instead of all
+# of them waiting for one huge commit.
+_MAX_UNITS = 2048
+_BYTES_PER_UNIT = 8 * 1024
+
+
+def _units(request: Sequence[jobs.NewJob]) -> int:
+    return max(len(request), sum(len(job.inputs) for job in request) // _BYTES_PER_UNIT)
+
+
 class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
     """`await ingestor(new_jobs)` -> `Ingested`, or the error (409, say) to answer with.
 
@@ -43,7 +55,7 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
     """
 
     def __init__(self, sessions: sessionmaker[Session], publisher: Publisher) -> None:
-        super().__init__(self._write, name="ingestor", max_batch=2048, size=len)
+        super().__init__(self._write, name="ingestor", max_batch=_MAX_UNITS, size=_units)
         self._sessions = sessions
         self._publisher = publisher
 

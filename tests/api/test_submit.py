@@ -12,6 +12,7 @@ import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from api import ingest
 from db import jobs
 from db.models import JobStatus
 from tests.api.conftest import (
@@ -463,3 +464,14 @@ async def test_a_retention_out_of_range_is_422_naming_ttl_s(
     assert response.status_code == 422
     assert "ttl_s" in response.json()["error"]["message"]
     assert_nothing_left(sessions, broker)
+
+
+def test_a_transaction_takes_many_small_submissions_but_only_one_large_one() -> None:
+    def request(count: int, nbytes: int) -> list[jobs.NewJob]:
+        job = jobs.NewJob(model="m", version=1, samples=1, inputs=b"\0" * nbytes)
+        return [job] * count
+
+    small, large = request(256, 4096), request(1, 12 * 2**20)  # a CNN job of 256 images
+
+    assert ingest._units(small) == 256  # eight such requests share one commit
+    assert ingest._units(large) > ingest._MAX_UNITS // 2  # two never do
