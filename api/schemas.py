@@ -116,6 +116,19 @@ class TensorSpecOut(BaseModel):
     shape: list[int] | None
 
 
+class ModelWorkerOut(BaseModel):
+    """A live worker child's hold on a model version."""
+
+    worker: str = Field(description="The worker child, as jobs name it: host/pid/device/id.")
+    host: str
+    pid: int
+    device: str
+    state: Literal["loading", "loaded", "draining", "failed"] = Field(
+        description="`loaded`: takes jobs; `draining`: runs the jobs it has, then unloads it."
+    )
+    since: datetime
+
+
 class ModelOut(BaseModel):
     name: str
     version: int
@@ -126,10 +139,32 @@ class ModelOut(BaseModel):
     registered_at: datetime = Field(
         description="When a worker last loaded it (or it was registered)."
     )
+    latest: bool = Field(description="Submissions without a version get this one.")
+    served: bool = Field(description="Some live worker takes new jobs of it.")
+    retired: bool = Field(
+        description="A newer version replaced it: new jobs naming it are refused (404) while "
+        "its queued ones drain."
+    )
+    retired_at: datetime | None
+    workers: list[ModelWorkerOut] = Field(
+        description="The live workers that load, hold or drain it; empty: no live worker."
+    )
+    queued: int = Field(description="Its jobs waiting for a worker.")
+    running: int
+
+
+class ModelLoadErrorOut(ModelWorkerOut):
+    """A model version a live worker child could not load."""
+
+    model: str
+    version: int | None = Field(description="null: the model's model.toml itself.")
+    path: str
+    error: str
 
 
 class ModelList(BaseModel):
     models: list[ModelOut]
+    load_errors: list[ModelLoadErrorOut]
 
 
 def iso_utc(value: datetime | None) -> str | None:

@@ -14,17 +14,22 @@ from api.admission import QueueLimit
 from api.ingest import Ingestor, JobReader
 from api.publish import Publisher
 from api.waiter import CompletionWaiter
-from db import registry
+from db import presence, registry
 from db.models import ModelVersion
 from tffleet.settings import Settings
 
 
 @dataclass
 class SignatureCache:
-    """Registered signatures, re-read at most every `ttl_s`: submit is the hot path."""
+    """Registered signatures, re-read at most every `poll_s`: submit is the hot path.
+
+    Workers report what they hold every `poll_s` (TFFLEET_MODEL_POLL_S); trusting a cached
+    answer no longer than that keeps "the latest version" as fresh as the reports are. A worker
+    waits longer than that before it unloads a version it retired (worker/model_set.py).
+    """
 
     sessions: sessionmaker[Session]
-    ttl_s: float = 5.0
+    poll_s: float = 5.0
     _entries: dict[tuple[str, int | None], tuple[float, dict[str, Any]]] = field(
         default_factory=dict
     )
@@ -32,7 +37,7 @@ class SignatureCache:
     def cached(self, name: str, version: int | None) -> dict[str, Any] | None:
         """The signature if known and fresh, without touching the database."""
         hit = self._entries.get((name, version))
-        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+        if hit is not None and time.monotonic() - hit[0] < self.poll_s:
             return hit[1]
         return None
 
@@ -42,7 +47,12 @@ class SignatureCache:
         if hit is not None:
             return hit
         with self.sessions() as session:
-            found: ModelVersion = registry.resolve(session=session, name=name, version=version)
+            found: ModelVersion = registry.resolve(
+                session=session,
+                name=name,
+                version=version,
+                live_since=presence.live_since(self.poll_s),
+            )
             entry = {"name": found.name, "version": found.version, "inputs": found.inputs}
         self._entries[key] = (time.monotonic(), entry)
         return entry

@@ -26,6 +26,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
+    exists,
     func,
     insert,
     select,
@@ -35,7 +36,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db.models import FINISHED, Job, JobInput, JobStatus
+from db.models import FINISHED, Job, JobInput, JobStatus, ModelPresence, PresenceState
 from tffleet.errors import (
     IdempotencyKeyReused,
     InvalidRequest,
@@ -266,6 +267,47 @@ def count_queued(*, session: Session) -> int:
     """How many jobs wait for a worker (a count over the index `ix_jobs_status_id`)."""
     query = select(func.count()).select_from(_jobs).where(_jobs.c.status == JobStatus.QUEUED.value)
     return int(session.scalar(query) or 0)
+
+
+_UNFINISHED = _jobs.c.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value])
+
+
+def count_unfinished(*, session: Session) -> dict[tuple[str, int], dict[str, int]]:
+    """Queued and running jobs per model version: {(model, version): {status: count}}."""
+    rows = session.execute(
+        select(_jobs.c.model, _jobs.c.version, _jobs.c.status, func.count())
+        .where(_UNFINISHED)
+        .group_by(_jobs.c.model, _jobs.c.version, _jobs.c.status)
+    ).all()
+    counts: dict[tuple[str, int], dict[str, int]] = {}
+    for model, version, status, count in rows:
+        counts.setdefault((model, version), {})[status] = int(count)
+    return counts
+
+
+def has_unfinished(*, session: Session, model: str, version: int) -> bool:
+    """Whether a job of this model version is still queued or running (a version drains)."""
+    query = (
+        select(_jobs.c.id)
+        .where(_jobs.c.model == model, _jobs.c.version == version, _UNFINISHED)
+        .limit(1)
+    )
+    return session.scalar(query) is not None
+
+
+def queued_ids(
+    *,
+    session: Session,
+    model: str,
+    version: int,
+    among: Sequence[str] | None = None,
+    limit: int = 1000,
+) -> list[str]:
+    """Ids of queued jobs of one model version (only those `among` the given ids), oldest first."""
+    query = select(_jobs.c.id).where(_jobs.c.model == model, _jobs.c.version == version, _QUEUED)
+    if among is not None:
+        query = query.where(_jobs.c.id.in_(list(among)))
+    return list(session.scalars(query.order_by(_jobs.c.id).limit(limit)))
 
 
 def get(*, session: Session, job_id: str) -> Job:
@@ -628,19 +670,30 @@ def expire_leases(
     return ExpiredLeases(requeued=requeued, failed=sorted(failed))
 
 
-def stale_queued(*, session: Session, older_than: datetime, limit: int) -> JobGroups:
+def stale_queued(
+    *, session: Session, older_than: datetime, limit: int, held_since: datetime | None = None
+) -> JobGroups:
     """Queued jobs whose last wake-up (the submit's, or the sweeper's) was before `older_than`.
 
     Oldest jobs first, at most `limit`. Such a job may still have a message waiting in Redis
-    behind a backlog; publishing it again is harmless (a claim takes a job once).
+    behind a backlog; publishing it again is harmless (a claim takes a job once). With
+    `held_since`, only jobs of versions that a child seen since then holds: a wake-up for a
+    version no live worker runs would only pile up in its queue.
     """
     last_wakeup = func.coalesce(_jobs.c.published_at, _jobs.c.created_at)
-    rows = session.execute(
-        select(_jobs.c.id, _jobs.c.model, _jobs.c.version)
-        .where(_jobs.c.status == JobStatus.QUEUED.value, last_wakeup < older_than)
-        .order_by(_jobs.c.id)
-        .limit(limit)
-    ).all()
+    query = select(_jobs.c.id, _jobs.c.model, _jobs.c.version).where(
+        _jobs.c.status == JobStatus.QUEUED.value, last_wakeup < older_than
+    )
+    if held_since is not None:
+        query = query.where(
+            exists().where(
+                ModelPresence.name == _jobs.c.model,
+                ModelPresence.version == _jobs.c.version,
+                ModelPresence.seen_at >= held_since,
+                ModelPresence.state.in_([PresenceState.LOADED.value, PresenceState.DRAINING.value]),
+            )
+        )
+    rows = session.execute(query.order_by(_jobs.c.id).limit(limit)).all()
     groups: JobGroups = {}
     for row in rows:
         groups.setdefault((row.model, row.version), []).append(row.id)

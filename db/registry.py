@@ -1,16 +1,26 @@
-"""Registered model versions: the signatures the API validates submissions against."""
+"""Registered model versions: the signatures the API validates submissions against, which
+version a submission without one gets, and the fleet's view of every version.
+
+A version without a number in the submission goes to the latest version that a live worker
+child has loaded (and that is not retired); with no live worker, to the latest registered one
+that is not retired (`tffleet models register` records versions before any worker runs).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from db import jobs, presence
 from db.jobs import utcnow
-from db.models import ModelVersion
+from db.models import JobStatus, ModelPresence, ModelVersion, PresenceState
 from tffleet.errors import ModelNotFound
 
 
@@ -24,7 +34,10 @@ def register(
     outputs: dict[str, Any],
     config: dict[str, Any] | None = None,
 ) -> None:
-    """Record (or refresh) a model version's signature. Safe to race: it is an upsert."""
+    """Record (or refresh) a model version's signature, and take it out of retirement.
+
+    Safe to race: it is an upsert.
+    """
     values = {
         "name": name,
         "version": version,
@@ -33,33 +46,105 @@ def register(
         "outputs": outputs,
         "config": config or {},
         "registered_at": utcnow(),
+        "retired_at": None,
     }
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     stmt = insert(ModelVersion).values(**values)
     stmt = stmt.on_conflict_do_update(
         index_elements=["name", "version"],
         set_={
-            k: stmt.excluded[k] for k in ("format", "inputs", "outputs", "config", "registered_at")
+            k: stmt.excluded[k]
+            for k in ("format", "inputs", "outputs", "config", "registered_at", "retired_at")
         },
     )
     session.execute(stmt)
 
 
-def resolve(*, session: Session, name: str, version: int | None = None) -> ModelVersion:
-    """The named version, or the latest registered one when `version` is None."""
-    if version is None:
-        latest = session.scalar(
-            select(func.max(ModelVersion.version)).where(ModelVersion.name == name)
+def retire(*, session: Session, name: str, version: int, at: datetime | None = None) -> bool:
+    """Refuse new submissions naming this version from now on (a newer one replaced it).
+
+    True if this call retired it; False if it was retired already or is not registered.
+    """
+    result = session.execute(
+        update(ModelVersion)
+        .where(
+            ModelVersion.name == name,
+            ModelVersion.version == version,
+            ModelVersion.retired_at.is_(None),
         )
-        if latest is None:
-            raise ModelNotFound(f"model: no model named {name!r} is registered")
-        version = latest
+        .values(retired_at=at or utcnow())
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def reinstate(*, session: Session, name: str, version: int) -> None:
+    """Take a retired version back into service (a worker serves it again)."""
+    session.execute(
+        update(ModelVersion)
+        .where(ModelVersion.name == name, ModelVersion.version == version)
+        .values(retired_at=None)
+    )
+
+
+def _latest(registered: dict[int, bool], loaded: Iterable[int]) -> int | None:
+    """The version a submission without one gets. `registered`: version -> retired."""
+    live = [v for v in loaded if v in registered and not registered[v]]
+    current = [v for v, retired in registered.items() if not retired]
+    return max(live or current or registered, default=None)
+
+
+def _loaded_versions(session: Session, name: str, live_since: datetime | None) -> set[int]:
+    if live_since is None:
+        return set()
+    return set(
+        session.scalars(
+            select(ModelPresence.version).where(
+                ModelPresence.name == name,
+                ModelPresence.state == PresenceState.LOADED.value,
+                ModelPresence.seen_at >= live_since,
+            )
+        )
+    )
+
+
+def resolve(
+    *,
+    session: Session,
+    name: str,
+    version: int | None = None,
+    live_since: datetime | None = None,
+) -> ModelVersion:
+    """The named version, or the latest one when `version` is None (see the module docstring).
+
+    `live_since`: children seen since then are live (`presence.live_since`); None: ignore
+    which versions workers hold. A retired version named explicitly is refused.
+    """
+    registered = {
+        v: retired_at is not None
+        for v, retired_at in session.execute(
+            select(ModelVersion.version, ModelVersion.retired_at).where(ModelVersion.name == name)
+        )
+    }
+    if not registered:
+        raise ModelNotFound(f"model: no model named {name!r} is registered")
+    loaded = _loaded_versions(session, name, live_since)
+    if version is None:
+        version = _latest(registered, loaded)
+    elif version not in registered:
+        raise ModelNotFound(f"version: model {name!r} has no version {version}")
+    elif registered[version]:
+        serving = sorted(v for v in loaded if not registered.get(v, True)) or sorted(
+            v for v, retired in registered.items() if not retired
+        )
+        raise ModelNotFound(
+            f"version: model {name!r} version {version} is retired (a newer version replaced "
+            f"it; its queued jobs still run); it takes new jobs on versions {serving}, or "
+            f"leave out `version` for the latest"
+        )
     # register() upserts with Core: re-read the row, not an object this session already holds.
     found = session.get(ModelVersion, (name, version), populate_existing=True)
-    if found is None:
-        if session.scalar(select(ModelVersion.name).where(ModelVersion.name == name).limit(1)):
-            raise ModelNotFound(f"version: model {name!r} has no version {version}")
-        raise ModelNotFound(f"model: no model named {name!r} is registered")
+    if found is None:  # deleted since the read above
+        raise ModelNotFound(f"version: model {name!r} has no version {version}")
     return found
 
 
@@ -67,3 +152,65 @@ def list_versions(*, session: Session) -> list[ModelVersion]:
     return list(
         session.scalars(select(ModelVersion).order_by(ModelVersion.name, ModelVersion.version))
     )
+
+
+@dataclass(frozen=True)
+class VersionView:
+    """One registered version as the fleet sees it."""
+
+    model: ModelVersion
+    holders: list[ModelPresence]  # live children that are loading, have loaded, or drain it
+    queued: int
+    running: int
+    latest: bool  # where a submission without a version goes
+
+    @property
+    def retired(self) -> bool:
+        return self.model.retired_at is not None
+
+    @property
+    def served(self) -> bool:
+        """Some live child takes new jobs of it."""
+        loaded = PresenceState.LOADED.value
+        return not self.retired and any(h.state == loaded for h in self.holders)
+
+
+@dataclass(frozen=True)
+class Overview:
+    versions: list[VersionView]
+    load_errors: list[ModelPresence]  # live children's failed loads, registered or not
+
+
+def overview(*, session: Session, live_since: datetime) -> Overview:
+    """Every registered version with the live children holding it and its unfinished jobs."""
+    registered = list_versions(session=session)
+    rows = presence.live(session=session, since=live_since)
+    counts = jobs.count_unfinished(session=session)
+    failed = PresenceState.FAILED.value
+    holders: dict[tuple[str, int], list[ModelPresence]] = {}
+    for row in rows:
+        if row.state != failed:
+            holders.setdefault((row.name, row.version), []).append(row)
+    latest: dict[str, int | None] = {}
+    for name in {m.name for m in registered}:
+        latest[name] = _latest(
+            {m.version: m.retired_at is not None for m in registered if m.name == name},
+            [
+                v
+                for (n, v), held in holders.items()
+                if n == name and any(h.state == PresenceState.LOADED.value for h in held)
+            ],
+        )
+    views = []
+    for m in registered:
+        count = counts.get((m.name, m.version), {})
+        views.append(
+            VersionView(
+                model=m,
+                holders=holders.get((m.name, m.version), []),
+                queued=count.get(JobStatus.QUEUED.value, 0),
+                running=count.get(JobStatus.RUNNING.value, 0),
+                latest=latest[m.name] == m.version,
+            )
+        )
+    return Overview(versions=views, load_errors=[row for row in rows if row.state == failed])

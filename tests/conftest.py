@@ -66,6 +66,7 @@ def _truncate(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM jobs"))
         conn.execute(text("DELETE FROM model_versions"))
+        conn.execute(text("DELETE FROM model_presence"))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

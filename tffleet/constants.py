@@ -5,3 +5,6 @@ JOBS_DONE_CHANNEL = "tffleet:jobs:done"
 
 # Held by the one active sweeper (a redis-py Lock with an expiry, extended every sweep).
 SWEEPER_LOCK_KEY = "tffleet:sweeper:lock"
+
+# `tffleet models reload` publishes here; every worker child rescans the model repository at once.
+MODELS_RELOAD_CHANNEL = "tffleet:models:reload"

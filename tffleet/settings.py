@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     # The worker's main process serves its children's Prometheus metrics here (0: not at all).
     worker_metrics_port: int = Field(default=9809, ge=0, le=65535)
 
+    # Models: how often each worker child rescans the repository (new versions, drained ones) and
+    # reports what it holds. The API trusts its view of the models this long; a child silent for
+    # three polls is taken for dead.
+    model_poll_s: float = Field(default=5.0, gt=0)
+    # The models a worker's children serve, comma-separated; unset: every model in the
+    # repository. `tffleet worker` sets it to the models whose queues it consumes.
+    worker_models: str | None = None
+
     # A child must finish loading and warming its models within this time, or Celery kills it.
     model_load_timeout_s: float = Field(default=600.0, gt=0)
     # Redis redelivers an unacknowledged message after this long; keep it above the longest batch.

@@ -406,7 +406,10 @@ def _run_group(
     group: Sequence[tuple[Lease, dict[str, np.ndarray]]], *, runner: Runner, policy: BatchPolicy
 ) -> list[Outcome]:
     names = list(runner.inputs)
-    batch = {name: np.concatenate([arrays[name] for _, arrays in group]) for name in names}
+    if len(group) == 1:  # a large job usually runs alone: no copy of its inputs
+        batch = {name: group[0][1][name] for name in names}
+    else:
+        batch = {name: np.concatenate([arrays[name] for _, arrays in group]) for name in names}
     total = len(next(iter(batch.values())))
     outputs = _forward(batch, total=total, runner=runner, policy=policy)
     outcomes: list[Outcome] = []

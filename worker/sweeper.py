@@ -5,7 +5,12 @@ Each sweep
    published again, or ends `failed` (`worker_lost`) once it has used its attempt budget;
 2. publishes again the queued jobs whose last wake-up is older than `republish_after_s` (the
    submit's publish failed, or Redis lost the message);
-3. deletes finished jobs older than `result_ttl_s`.
+3. deletes finished jobs older than `result_ttl_s`, and the model reports of worker children
+   that died (db.presence).
+
+Only jobs of versions that some live worker child holds are published again: the others stay
+queued, without a pile of wake-ups in their queue, until a child loads their version (it wakes
+them itself) or comes back.
 
 One sweeper is active across the fleet: it holds a Redis lock with an expiry and extends it every
 sweep; the others stand by and take over once it lapses. Every step is safe to repeat and to run
@@ -28,7 +33,7 @@ from prometheus_client import Counter, Gauge
 from redis.exceptions import LockNotOwnedError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import jobs
+from db import jobs, presence
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
 
@@ -224,7 +229,12 @@ class Sweeper:
         cutoff = self._clock() - timedelta(seconds=self._settings.republish_after_s)
         for _ in range(MAX_CHUNKS):
             with self._sessions.begin() as session:
-                stale = jobs.stale_queued(session=session, older_than=cutoff, limit=CHUNK_JOBS)
+                stale = jobs.stale_queued(
+                    session=session,
+                    older_than=cutoff,
+                    limit=CHUNK_JOBS,
+                    held_since=presence.live_since(self._settings.model_poll_s, self._clock()),
+                )
             found = sum(len(ids) for ids in stale.values())
             if found:
                 log.info("republishing %d queued jobs whose wake-up is overdue", found)
@@ -247,7 +257,11 @@ class Sweeper:
             report.purged += purged
             SWEPT.labels("purged").inc(purged)
             if purged < CHUNK_JOBS:
-                return
+                break
+        with self._sessions.begin() as session:
+            presence.purge_dead(
+                session=session, before=presence.live_since(self._settings.model_poll_s, now)
+            )
 
     def _publish(self, groups: jobs.JobGroups, report: SweepReport) -> bool:
         """Publish each group in messages of at most `max_batch_size` ids; False if one failed."""

@@ -1,34 +1,71 @@
-"""The models the fleet serves, with their signatures."""
+"""The models the fleet serves: signatures, configs, and which workers hold which versions."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import APIRouter, Response
 from fastapi.concurrency import run_in_threadpool
 
 from api.schemas import ModelList, error_responses, iso_utc, json_response
 from api.state import StateDep
-from db import registry
+from db import presence, registry
+from db.models import ModelPresence
+
+
+def _worker(row: ModelPresence) -> dict[str, Any]:
+    return {
+        "worker": row.child,
+        "host": row.host,
+        "pid": row.pid,
+        "device": row.device,
+        "state": row.state,
+        "since": iso_utc(row.since),
+    }
+
+
+def _load_error(row: ModelPresence) -> dict[str, Any]:
+    return {
+        "model": row.name,
+        "version": row.version or None,  # 0: the model's model.toml
+        "path": row.path,
+        "error": row.error or "",
+        **_worker(row),
+    }
+
 
 router = APIRouter(tags=["models"])
 
 
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(503))
 async def list_models(state: StateDep) -> Response:
-    """Every registered model version, with its input and output signature."""
+    """Every registered model version: its signature and config, the live workers that hold it,
+    its unfinished jobs; and the versions workers failed to load."""
 
-    def read() -> list[dict[str, object]]:
+    def read() -> dict[str, Any]:
         with state.reads() as session:
-            return [
+            found = registry.overview(
+                session=session, live_since=presence.live_since(state.settings.model_poll_s)
+            )
+            models = [
                 {
-                    "name": m.name,
-                    "version": m.version,
-                    "format": m.format,
-                    "inputs": m.inputs,
-                    "outputs": m.outputs,
-                    "config": m.config,
-                    "registered_at": iso_utc(m.registered_at),
+                    "name": v.model.name,
+                    "version": v.model.version,
+                    "format": v.model.format,
+                    "inputs": v.model.inputs,
+                    "outputs": v.model.outputs,
+                    "config": v.model.config,
+                    "registered_at": iso_utc(v.model.registered_at),
+                    "latest": v.latest,
+                    "served": v.served,
+                    "retired": v.retired,
+                    "retired_at": iso_utc(v.model.retired_at),
+                    "workers": [_worker(row) for row in v.holders],
+                    "queued": v.queued,
+                    "running": v.running,
                 }
-                for m in registry.list_versions(session=session)
+                for v in found.versions
             ]
+            return {"models": models, "load_errors": [_load_error(r) for r in found.load_errors]}
 
-    return json_response({"models": await run_in_threadpool(read)})
+    return json_response(await run_in_threadpool(read))

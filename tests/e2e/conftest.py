@@ -136,6 +136,7 @@ def clean_database(url: str) -> None:
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM jobs"))
         conn.execute(text("DELETE FROM model_versions"))
+        conn.execute(text("DELETE FROM model_presence"))
     engine.dispose()
 
 

@@ -13,12 +13,13 @@ import orjson
 import pytest
 import redis
 from celery import Celery
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.publish import Publisher
-from db import jobs
+from db import jobs, presence
 from db.engine import make_engine, make_sessionmaker
-from db.models import Job, JobStatus
+from db.models import Job, JobStatus, ModelPresence, PresenceState
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
 from worker.app import make_celery, queue_for
@@ -94,6 +95,21 @@ def create(sessions: Sessions, count: int = 1, *, model: str = "m", version: int
         return [row.id for row in jobs.create(session=session, jobs=new)]
 
 
+def hold(sessions: Sessions, at: datetime, *keys: tuple[str, int], child: str = "c") -> None:
+    """Report, as of `at`, a live worker child that holds these model versions (default m:1)."""
+    holdings = [
+        presence.Holding(name, version, PresenceState.LOADED, f"/models/{name}/{version}", at)
+        for name, version in keys or [("m", 1)]
+    ]
+    with sessions.begin() as session:
+        presence.report(
+            session=session,
+            child=presence.Child(id=child, host="h", pid=1, device="cpu:0"),
+            holdings=holdings,
+            now=at,
+        )
+
+
 def read(sessions: Sessions, job_id: str) -> Job:
     with sessions() as session:
         return jobs.get(session=session, job_id=job_id)
@@ -134,15 +150,57 @@ def test_a_queued_job_whose_wakeup_was_lost_is_published_again(
 
     assert sweeper.sweep_once().republished == 0  # too young to call its wake-up lost
     clock.advance(31)
+    hold(sessions, clock.now)
     report = sweeper.sweep_once()
 
     assert (report.republished, report.messages) == (1, 1)
     assert messages(client) == [("m", 1, [job_id])]
     assert read(sessions, job_id).published_at is not None
     clock.advance(10)
+    hold(sessions, clock.now)
     assert sweeper.sweep_once().republished == 0  # published 10 s ago: not lost yet
     clock.advance(21)
+    hold(sessions, clock.now)
     assert sweeper.sweep_once().republished == 1
+
+
+def test_queued_jobs_of_a_version_no_live_child_holds_stay_queued_without_wake_ups(
+    make_sweeper: MakeSweeper, sessions: Sessions, client: redis.Redis
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock)
+    (held,) = create(sessions, model="m", version=1)
+    (other_version,) = create(sessions, model="m", version=2)
+    (unserved,) = create(sessions, model="b")
+    clock.advance(31)
+    hold(sessions, clock.now - timedelta(seconds=60), ("b", 1), child="dead")  # died long ago
+    hold(sessions, clock.now)
+
+    report = sweeper.sweep_once()
+
+    assert report.republished == 1
+    assert messages(client, "m") == [("m", 1, [held])]
+    assert messages(client, "b") == []
+    clock.advance(1)
+    hold(sessions, clock.now, ("m", 1), ("m", 2), ("b", 1))  # a worker for them came up
+    assert sweeper.sweep_once().republished == 2
+    assert messages(client, "b") == [("b", 1, [unserved])]
+    assert messages(client, "m")[1:] == [("m", 2, [other_version])]
+
+
+def test_the_reports_of_dead_worker_children_are_deleted(
+    make_sweeper: MakeSweeper, sessions: Sessions, settings: Settings
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock)
+    hold(sessions, clock.now, child="live")
+    silent_for = 3 * settings.model_poll_s + 1
+    hold(sessions, clock.now - timedelta(seconds=silent_for), child="dead")
+
+    sweeper.sweep_once()
+
+    with sessions() as session:
+        assert list(session.scalars(select(ModelPresence.child))) == ["live"]
 
 
 def test_an_expired_lease_is_requeued_and_published_at_once(
@@ -266,6 +324,7 @@ def test_run_sweeps_only_while_it_holds_the_lock(
     clock.advance(31)
     holder, standby = make_sweeper(), make_sweeper(clock)
     (job_id,) = create(sessions)
+    hold(sessions, clock.now)
     assert holder.lead() is True
 
     stop, thread = run_in_thread(standby)
@@ -300,6 +359,7 @@ def test_a_sweep_with_the_broker_away_keeps_the_job_for_a_later_sweep(
 
     assert (report.requeued, report.republished, report.publish_failures) == (1, 0, 1)
     assert read(sessions, job_id).published_at is None
+    hold(sessions, clock.now)
     assert make_sweeper(clock).sweep_once().republished == 1  # the broker is back
     assert messages(client) == [("m", 1, [job_id])]
 
