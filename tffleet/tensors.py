@@ -266,13 +266,19 @@ def _wire_string(item: Any, *, binary: bool) -> Any:
             return item
         item = item.encode("utf-8")
     elif not isinstance(item, bytes):
-        raise TensorError(f"a string tensor holds {type(item).__name__}, not str or bytes")
+        raise _not_a_string(item)
     if not binary:
         try:
             return item.decode("utf-8")
         except UnicodeDecodeError:
             pass
     return {"b64": pybase64.b64encode(item).decode("ascii")}
+
+
+def _not_a_string(item: object) -> TensorError:
+    return TensorError(
+        f"an array of objects must hold str or bytes (a string tensor), got {type(item).__name__}"
+    )
 
 
 def pack(tensors: Mapping[str, np.ndarray]) -> bytes:
@@ -324,7 +330,7 @@ def as_bytes(array: np.ndarray) -> np.ndarray:
             except UnicodeEncodeError:
                 raise TensorError("a string is not valid Unicode (a lone surrogate)") from None
         elif not isinstance(item, bytes):
-            raise TensorError(f"a string tensor holds {type(item).__name__}, not str or bytes")
+            raise _not_a_string(item)
     out = np.empty(len(items), dtype=object)
     out[:] = items
     return out.reshape(array.shape)

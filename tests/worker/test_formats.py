@@ -311,6 +311,23 @@ def test_a_frozen_graph_tensor_that_is_not_there_is_named(
     assert "its placeholders: image:0" in message
 
 
+def test_a_frozen_graph_pinned_to_a_device_this_child_lacks_runs_where_it_can(
+    repo: Path, frozen: Any, tmp_path: Path
+) -> None:
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString((repo / "frozen" / "1" / "model.pb").read_bytes())
+    for node in graph_def.node:
+        node.device = "/device:GPU:7"
+    (tmp_path / "pinned" / "1").mkdir(parents=True)
+    (tmp_path / "pinned" / "1" / "model.pb").write_bytes(graph_def.SerializeToString())
+    (tmp_path / "pinned" / "model.toml").write_text((repo / "frozen" / "model.toml").read_text())
+    loaded = runtime.load(spec_of(tmp_path, "pinned"))
+
+    out = loaded.run({"image": np.ones((1, 4), np.float32), "words": strings("abc")})
+
+    assert out["lengths"].tolist() == [3]
+
+
 # every format
 
 

@@ -59,6 +59,10 @@ class FrozenGraphRuntime(Runtime):
         graph = tf.Graph()
         try:
             graph_def.ParseFromString(file.read_bytes())
+            # Devices recorded where the graph was frozen ("/device:GPU:1") may not exist in
+            # this child, which sees its own GPU only: let TensorFlow place every op here.
+            for node in graph_def.node:
+                node.device = ""
             with graph.as_default():
                 tf.import_graph_def(graph_def, name="")
         except Exception as exc:
@@ -79,6 +83,7 @@ class FrozenGraphRuntime(Runtime):
         session_config = tf.compat.v1.ConfigProto(
             intra_op_parallelism_threads=threads.get_intra_op_parallelism_threads(),
             inter_op_parallelism_threads=threads.get_inter_op_parallelism_threads(),
+            allow_soft_placement=True,  # ops without a GPU kernel run on the CPU, as in TF2
         )
         session_config.gpu_options.allow_growth = True
         self._session = tf.compat.v1.Session(graph=graph, config=session_config)
