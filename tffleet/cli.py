@@ -9,10 +9,16 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tffleet import __version__
 from tffleet.cli_client import add_client_commands
+from tffleet.cli_models import add_model_commands
+
+if TYPE_CHECKING:
+    from tffleet.devices import Device
 
 
 def _apply_overrides(**overrides: object) -> None:
@@ -75,8 +81,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
             )
             return 2
         names = wanted
+    elsewhere = [n for n in names if not _runs_on(settings.model_repository / n, devices)]
+    names = [n for n in names if n not in elsewhere]
+    if elsewhere:
+        print(
+            f"tffleet: not serving {elsewhere}: their model.toml `devices` name none of "
+            f"{', '.join(map(str, devices))}",
+            file=sys.stderr,
+        )
+        if args.models and not names:
+            return 2
     if not names:
         print(f"tffleet: warning: no models in {settings.model_repository}", file=sys.stderr)
+    # The children serve exactly the models whose queues this process consumes: a model copied
+    # into the repository later needs a restart (its new versions do not).
+    os.environ["TFFLEET_WORKER_MODELS"] = ",".join(names)
+    get_settings.cache_clear()
     queues = [queue_for(n) for n in names] or [f"{QUEUE_PREFIX}default"]
     print(
         f"tffleet: worker with {len(devices)} children on {', '.join(map(str, devices))}; "
@@ -95,6 +115,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
         ]
     )
     return 0
+
+
+def _runs_on(model_dir: Path, devices: Sequence[Device]) -> bool:
+    """Whether the model.toml `devices` of a model allow one of these (a bad file: the children
+    report it)."""
+    from worker.repository import ModelConfig, read_config
+
+    try:
+        config = read_config(model_dir, defaults=ModelConfig())
+    except (OSError, ValueError):
+        return True
+    return any(config.serves_device(str(device)) for device in devices)
 
 
 def cmd_flower(args: argparse.Namespace) -> int:
@@ -209,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     flower.set_defaults(func=cmd_flower)
 
     add_client_commands(sub)  # submit, status
+    add_model_commands(sub)  # models register, list, reload
     return parser
 
 

@@ -1,7 +1,9 @@
-"""A worker child's life: pin to its device, load its models once, run batches, clean up.
+"""A worker child's life: pin to its device, load its models, run batches, clean up.
 
 `init()` runs in `worker_process_init`, in the forked child, before any task. The Celery main
-process never calls it, so it never imports TensorFlow or touches CUDA.
+process never calls it, so it never imports TensorFlow or touches CUDA. The child loads its
+models there, then keeps them in step with the repository from two background threads
+(worker/model_set.py, worker/watcher.py).
 """
 
 from __future__ import annotations
@@ -12,30 +14,28 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import billiard.process
 import orjson
 import redis
 from sqlalchemy import Engine
 
-from db import registry
+from db import jobs, presence
 from db.engine import make_engine, make_sessionmaker
 from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.devices import Device, cpu_threads_per_child, parse_devices, pin_environment
 from tffleet.settings import get_settings
-from worker.batching import Batcher, BatchPolicy
-from worker.repository import ModelConfig, ModelSpec, scan
+from worker.batching import Batcher, BatchReport
+from worker.model_set import ModelSet
+from worker.repository import ModelConfig
+from worker.watcher import Watcher
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class LoadedModel:
-    spec: ModelSpec
-    runner: Any
-    policy: BatchPolicy
+# A child that gets a message for a version only another child holds waits this long before it
+# hands the message back, so that a message no idle child can run does not spin between them.
+HAND_BACK_PAUSE_S = 0.1
 
 
 @dataclass
@@ -43,8 +43,49 @@ class Child:
     device: Device
     engine: Engine
     batcher: Batcher
-    models: dict[tuple[str, int], LoadedModel] = field(default_factory=dict)
-    failed: dict[tuple[str, int], str] = field(default_factory=dict)
+    model_set: ModelSet
+    watcher: Watcher | None = None
+
+    def turn_away(self, model: str, version: int, job_ids: Sequence[str]) -> BatchReport:
+        """A message for a version this child does not hold.
+
+        - Another live child holds it (this one is still loading it, drained it, or its device is
+          not among the model's `devices`): publish the still-queued jobs again for that one.
+        - No live child holds it, and this one failed to load it: fail the jobs `model_error`
+          with the reason, as no worker can run them.
+        - Otherwise (nobody serves it now): leave them queued; the child that loads it, or the
+          sweeper once some child holds it, wakes them.
+        """
+        models = self.model_set
+        with models.sessions() as session:
+            others = presence.holders(
+                session=session,
+                name=model,
+                version=version,
+                since=presence.live_since(models.poll_s),
+                exclude=models.child.id,
+            )
+            queued = (
+                jobs.queued_ids(session=session, model=model, version=version, among=job_ids)
+                if others
+                else []
+            )
+        if others:
+            if queued:
+                time.sleep(HAND_BACK_PAUSE_S)
+                self.batcher.wake(model, version, queued)
+            return BatchReport()
+        error = models.failure((model, version))
+        if error is not None:
+            message = f"model {model!r} version {version} could not be loaded: {error}"
+            return self.batcher.fail_named(
+                model=model, version=version, job_ids=job_ids, message=message
+            )
+        log.info(
+            "no live worker holds %s:%s; its %d jobs stay queued until one does",
+            model, version, len(job_ids),
+        )  # fmt: skip
+        return BatchReport()
 
 
 _child: Child | None = None
@@ -76,7 +117,8 @@ def init() -> None:
 
     runtime.configure_threads(intra_op=threads)
     owner = f"{socket.gethostname()}/{os.getpid()}/{device}/{uuid.uuid4().hex[:6]}"
-    engine = make_engine(settings.database_url, pool_size=2)
+    # The task thread, the lease heartbeat, reports and rescans: one connection each.
+    engine = make_engine(settings.database_url, pool_size=4)
     sessions = make_sessionmaker(engine)
     notifier = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
 
@@ -97,51 +139,45 @@ def init() -> None:
     batcher = Batcher(
         sessions=sessions, owner=owner, lease_s=settings.lease_s, notify=notify, wake=wake
     )
-    child = Child(device=device, engine=engine, batcher=batcher)
     defaults = ModelConfig(
         max_batch_size=settings.max_batch_size,
         max_queue_delay_ms=settings.max_queue_delay_ms,
         timeout_s=settings.job_timeout_s,
     )
-    for spec in scan(settings.model_repository, defaults=defaults):
-        key = (spec.name, spec.version)
-        started = time.perf_counter()
-        try:
-            runner = runtime.load(spec)
-            loaded_s = time.perf_counter() - started
-            warm_s = runner.warm_up(spec.config.bucket_sizes())
-        except Exception as exc:
-            log.exception("child %s could not load %s:%s from %s", device, *key, spec.path)
-            child.failed[key] = f"{type(exc).__name__}: {exc}"[:1000]
-            continue
-        policy = BatchPolicy(
-            max_batch_size=spec.config.max_batch_size,
-            max_queue_delay_ms=spec.config.max_queue_delay_ms,
-            buckets=spec.config.bucket_sizes(),
-            timeout_s=spec.config.timeout_s,
-        )
-        child.models[key] = LoadedModel(spec=spec, runner=runner, policy=policy)
-        with sessions.begin() as session:
-            registry.register(
-                session=session,
-                name=spec.name,
-                version=spec.version,
-                format=runner.format,
-                inputs=runner.inputs,
-                outputs=runner.outputs,
-                config=spec.config.as_dict(),
-            )
-        log.info(
-            "child %s (pid %d, CUDA_VISIBLE_DEVICES=%s) loaded %s:%s in %.2fs, "
-            "warmed %d buckets in %.2fs",
-            device, os.getpid(), os.environ["CUDA_VISIBLE_DEVICES"], spec.name, spec.version,
-            loaded_s, len(policy.buckets), warm_s,
-        )  # fmt: skip
-    _child = child
+    served = None
+    if settings.worker_models is not None:
+        served = [m.strip() for m in settings.worker_models.split(",") if m.strip()]
+    model_set = ModelSet(
+        repository=settings.model_repository,
+        defaults=defaults,
+        child=presence.Child(
+            id=owner, host=socket.gethostname(), pid=os.getpid(), device=str(device)
+        ),
+        sessions=sessions,
+        load=runtime.load,
+        wake=wake,
+        poll_s=settings.model_poll_s,
+        names=served,
+    )
+    # Before any task: the messages waiting for these models find them loaded.
+    model_set.refresh(wake=False)
+    watcher = Watcher(model_set, broker_url=settings.broker_url)
+    watcher.start()
+    _child = Child(
+        device=device, engine=engine, batcher=batcher, model_set=model_set, watcher=watcher
+    )
 
 
 def shutdown() -> None:
+    """Stop watching, and say this child holds nothing any more (the process exits next)."""
     global _child
-    if _child is not None:
-        _child.engine.dispose()
-        _child = None
+    if _child is None:
+        return
+    if _child.watcher is not None:
+        _child.watcher.stop()
+    try:
+        _child.model_set.withdraw()
+    except Exception as exc:  # the rows go stale and the sweeper deletes them
+        log.warning("could not withdraw this child's models (%s)", exc)
+    _child.engine.dispose()
+    _child = None

@@ -24,18 +24,13 @@ log = logging.getLogger(__name__)
 def run_batch(model: str, version: int, job_ids: list[str]) -> dict[str, int]:
     """Run the named jobs of one model version, topped up with other queued jobs."""
     current = child.current()
-    loaded = current.models.get((model, version))
-    if loaded is None:
-        reason = current.failed.get((model, version), "this worker does not serve it")
-        message = f"model {model!r} version {version} is not loaded: {reason}"
-        return current.batcher.fail_named(
-            model=model, version=version, job_ids=job_ids, message=message
-        ).as_dict()
-    report = current.batcher.run(
-        model=model,
-        version=version,
-        job_ids=job_ids,
-        runner=loaded.runner,
-        policy=loaded.policy,
-    )
-    return report.as_dict()
+    with current.model_set.use((model, version)) as loaded:
+        if loaded is not None:
+            return current.batcher.run(
+                model=model,
+                version=version,
+                job_ids=job_ids,
+                runner=loaded.runner,
+                policy=loaded.policy,
+            ).as_dict()
+    return current.turn_away(model, version, job_ids).as_dict()

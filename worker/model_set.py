@@ -1,0 +1,431 @@
+"""The model versions one worker child holds, kept in step with the repository on disk.
+
+`refresh()` rescans the repository (every TFFLEET_MODEL_POLL_S, and at once on `tffleet models
+reload`). For each model this child serves (the worker's models whose model.toml `devices`
+include this child's device) it
+
+1. loads and warms up the versions the `versions` policy asks for that it does not hold yet,
+   puts each into `models` (where the task thread finds it), and only then registers its
+   signature and reports it loaded: a version becomes "latest" for the API once it can run;
+2. retires the held versions that the policy no longer serves (under "latest": once a newer one
+   is loaded, never before), so the API refuses new jobs naming them, and drains them: they
+   still run their jobs;
+3. unloads a draining version once no job of it is queued or running, and not before
+   `drain_grace_s`: an API trusts its cached view of the models for one poll, and a submission
+   resolved just before that lapsed may still be committing.
+
+A version that fails to load is reported `failed` and tried again when its files change (a copy
+still in progress) or on `tffleet models reload`; each distinct error is logged once.
+
+What it holds is reported to the database (`db.presence`) on every change and, by `report()`,
+every poll; the worker/watcher.py threads call `refresh` and `report`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import jobs, presence, registry
+from db.jobs import utcnow
+from db.models import PresenceState
+from worker.batching import BatchPolicy
+from worker.repository import ModelConfig, ModelSpec, scan
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]  # (model, version); version 0 stands for the model's own config
+# A version waits at least this long after it was retired before it is unloaded, however short
+# the poll: a submission resolved against an API's cached view still has to commit.
+DRAIN_GRACE_MIN_S = 5.0
+# At most this many queued jobs of a version are woken when a child loads it (the sweeper wakes
+# the rest).
+WAKE_LIMIT_JOBS = 4096
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    runner: Any
+    policy: BatchPolicy
+
+
+@dataclass(frozen=True)
+class _Held:
+    """What this child has of one version, reported as a `presence.Holding`."""
+
+    state: PresenceState
+    path: Path
+    since: datetime
+    error: str | None = None
+    # A failed version's files when it failed: it is tried again once they change.
+    files: tuple[tuple[str, int, int], ...] | None = None
+    # time.monotonic() when it began to drain.
+    draining_since: float | None = None
+
+
+def _files(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """Name, size and modification time of every file under `path`: changes while a copy runs."""
+    found = []
+    for file in sorted(path.rglob("*")):
+        try:
+            if file.is_file():
+                stat = file.stat()
+                found.append((str(file.relative_to(path)), stat.st_size, stat.st_mtime_ns))
+        except OSError:  # removed while we looked
+            continue
+    return tuple(found)
+
+
+def _describe(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:1000]
+
+
+def _chunks(ids: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
+
+
+class ModelSet:
+    """See the module docstring. `models` is read by the task thread (through `use`); every
+    other method runs in the child's watcher threads, or in `init` before any task."""
+
+    def __init__(
+        self,
+        *,
+        repository: Path,
+        defaults: ModelConfig,
+        child: presence.Child,
+        sessions: sessionmaker[Session],
+        load: Callable[[ModelSpec], Any],
+        wake: Callable[[str, int, Sequence[str]], object],
+        poll_s: float,
+        names: Collection[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.repository = repository
+        self.defaults = defaults
+        self.child = child
+        self.sessions = sessions
+        self._load_runtime = load
+        self._wake = wake
+        self.poll_s = poll_s
+        self.drain_grace_s = max(2 * poll_s, DRAIN_GRACE_MIN_S)
+        self._names = None if names is None else frozenset(names)
+        self._clock = clock
+        self.models: dict[Key, LoadedModel] = {}
+        self._held: dict[Key, _Held] = {}
+        # Held by the task thread while it runs a batch, and to unload a version: a version is
+        # never closed under a running batch.
+        self._in_use = threading.Lock()
+        # Guards `_held` and serializes reports (two at once would collide on PostgreSQL).
+        self._lock = threading.RLock()
+        self._logged: dict[Key, str] = {}
+        self._changed = False  # since the last report
+
+    # The task thread's side
+
+    @contextmanager
+    def use(self, key: Key) -> Iterator[LoadedModel | None]:
+        """The loaded version, kept loaded while the block runs; None if this child lacks it."""
+        with self._in_use:
+            yield self.models.get(key)
+
+    def failure(self, key: Key) -> str | None:
+        """Why this child could not load the version, if it tried and failed."""
+        with self._lock:
+            held = self._held.get(key)
+        return held.error if held is not None and held.state == PresenceState.FAILED else None
+
+    # Reports
+
+    def holdings(self) -> list[presence.Holding]:
+        with self._lock:
+            return [
+                presence.Holding(
+                    name=name,
+                    version=version,
+                    state=held.state,
+                    path=str(held.path),
+                    since=held.since,
+                    error=held.error,
+                )
+                for (name, version), held in sorted(self._held.items())
+            ]
+
+    def report(self, change: Callable[[Session], object] | None = None) -> None:
+        """Write what this child holds (after `change`, in the same transaction).
+
+        Raises SQLAlchemyError when the database fails.
+        """
+        with self._lock, self.sessions.begin() as session:
+            if change is not None:
+                change(session)
+            presence.report(session=session, child=self.child, holdings=self.holdings())
+            self._changed = False
+
+    def withdraw(self) -> None:
+        with self._lock, self.sessions.begin() as session:
+            presence.withdraw(session=session, child_id=self.child.id)
+
+    def _set(self, key: Key, held: _Held | None) -> None:
+        with self._lock:
+            if held is None:
+                self._held.pop(key, None)
+            else:
+                self._held[key] = held
+            self._changed = True
+
+    def report_quietly(self, change: Callable[[Session], object] | None = None) -> bool:
+        try:
+            self.report(change)
+        except SQLAlchemyError as exc:
+            log.warning(
+                "child %s could not report its models (%s); will retry",
+                self.child.device, _describe(exc),
+            )  # fmt: skip
+            return False
+        return True
+
+    # The repository's side
+
+    def refresh(self, *, retry: bool = False, wake: bool = True) -> None:
+        """Bring what this child holds in line with the repository (see the module docstring).
+
+        `retry`: load again the versions that failed, changed or not. `wake`: publish wake-ups
+        for the queued jobs of each version it loads (whose messages may have come and gone
+        while no child held it).
+        """
+        problems: dict[Path, str] = {}
+        specs = scan(self.repository, defaults=self.defaults, problems=problems)
+        by_model: dict[str, dict[int, ModelSpec]] = {}
+        for spec in specs:
+            if self._names is None or spec.name in self._names:
+                by_model.setdefault(spec.name, {})[spec.version] = spec
+        unreadable = self._note_problems(problems)
+        wanted: set[Key] = set()
+        kept: dict[str, set[int]] = {}
+        for name, on_disk in by_model.items():
+            config = next(iter(on_disk.values())).config
+            if not config.serves_device(self.child.device):
+                continue
+            for version in config.served_versions(on_disk):
+                wanted.add((name, version))
+                if (name, version) not in self.models:
+                    self._load(on_disk[version], retry=retry, wake=wake)
+            held = [v for n, v in self.models if n == name]
+            kept[name] = set(config.served_versions(v for v in held if v in on_disk))
+        self._retire(kept, unreadable)
+        self._forget_failures(wanted, problems)
+        self._unload_drained()
+        if self._changed:
+            self.report_quietly()
+
+    def _note_problems(self, problems: dict[Path, str]) -> set[str]:
+        """Record unreadable models and versions as failed; the names of unreadable models."""
+        unreadable = set()
+        for path, why in problems.items():
+            if path.parent == self.repository:  # the model's own config
+                key = (path.name, 0)
+                unreadable.add(path.name)
+            else:
+                key = (path.parent.name, int(path.name))
+            if self._names is not None and key[0] not in self._names:
+                continue
+            if key not in self.models:  # a loaded one is drained instead: gone from disk
+                self._fail(key, path, why, files=None)
+        return unreadable
+
+    def _fail(self, key: Key, path: Path, error: str, *, files: Any) -> None:
+        before = self._held.get(key)
+        since = before.since if before is not None and before.error == error else utcnow()
+        self._set(key, _Held(PresenceState.FAILED, path, since, error=error, files=files))
+        if self._logged.get(key) != error:
+            self._logged[key] = error
+            what = f"{key[0]}:{key[1]} from {path}" if key[1] else key[0]
+            log.error("child %s cannot load %s: %s", self.child.device, what, error)
+
+    def _forget_failures(self, wanted: set[Key], problems: dict[Path, str]) -> None:
+        """Drop the failures of versions that are fixed, gone, or no longer wanted here."""
+        with self._lock:
+            failed = [k for k, h in self._held.items() if h.state == PresenceState.FAILED]
+        for key in failed:
+            if self._held[key].path not in problems and key not in wanted:
+                self._set(key, None)
+                self._logged.pop(key, None)
+
+    def _load(self, spec: ModelSpec, *, retry: bool, wake: bool) -> None:
+        key = (spec.name, spec.version)
+        files = _files(spec.path)
+        before = self._held.get(key)
+        if (
+            before is not None
+            and before.state == PresenceState.FAILED
+            and before.files == files
+            and not retry
+        ):
+            return
+        self._set(key, _Held(PresenceState.LOADING, spec.path, utcnow()))
+        self.report_quietly()
+        started = time.perf_counter()
+        try:
+            runner = self._load_runtime(spec)
+            loaded_s = time.perf_counter() - started
+            warm_s = runner.warm_up(spec.config.bucket_sizes())
+        except Exception as exc:
+            log.debug("loading %s failed", spec.path, exc_info=True)
+            self._fail(key, spec.path, _describe(exc), files=files)
+            return
+        policy = BatchPolicy(
+            max_batch_size=spec.config.max_batch_size,
+            max_queue_delay_ms=spec.config.max_queue_delay_ms,
+            buckets=spec.config.bucket_sizes(),
+            timeout_s=spec.config.timeout_s,
+        )
+        self.models[key] = LoadedModel(spec=spec, runner=runner, policy=policy)
+        self._set(key, _Held(PresenceState.LOADED, spec.path, utcnow()))
+
+        def register(session: Session) -> None:
+            registry.register(
+                session=session,
+                name=spec.name,
+                version=spec.version,
+                format=runner.format,
+                inputs=runner.inputs,
+                outputs=runner.outputs,
+                config=spec.config.as_dict(),
+            )
+
+        try:
+            self.report(register)
+        except SQLAlchemyError as exc:
+            # Unregistered, it could take no job: give it up, and load it again next poll.
+            self._unload(key)
+            self._fail(key, spec.path, f"could not register it: {_describe(exc)}", files=None)
+            return
+        self._logged.pop(key, None)
+        log.info(
+            "child %s (pid %d, CUDA_VISIBLE_DEVICES=%s) loaded %s:%s in %.2fs, "
+            "warmed %d buckets in %.2fs",
+            self.child.device, os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            spec.name, spec.version, loaded_s, len(policy.buckets), warm_s,
+        )  # fmt: skip
+        if wake:
+            self._wake_queued(key, policy.max_batch_size)
+
+    def _wake_queued(self, key: Key, per_message: int) -> None:
+        try:
+            with self.sessions() as session:
+                ids = jobs.queued_ids(
+                    session=session, model=key[0], version=key[1], limit=WAKE_LIMIT_JOBS
+                )
+        except SQLAlchemyError as exc:
+            log.warning("could not look for queued %s:%s jobs (%s)", *key, _describe(exc))
+            return
+        for chunk in _chunks(ids, per_message):
+            self._wake(key[0], key[1], chunk)
+
+    def _retire(self, kept: dict[str, set[int]], unreadable: set[str]) -> None:
+        """Drain the held versions that are no longer served here; retire those the policy
+        dropped; take back draining ones that are served again."""
+        retire: list[Key] = []
+        reinstate: list[Key] = []
+        for key in list(self.models):
+            name, version = key
+            held = self._held[key]
+            if name in unreadable:
+                continue  # a model.toml being edited: change nothing until it parses
+            if version in kept.get(name, ()):
+                if held.state == PresenceState.DRAINING:
+                    reinstate.append(key)
+                    self._set(key, replace(held, state=PresenceState.LOADED, draining_since=None))
+                continue
+            if held.state == PresenceState.DRAINING:
+                continue
+            # Served elsewhere by the same policy (another device) or not at all: only a policy
+            # that dropped it retires it for the whole fleet.
+            if name in kept:
+                retire.append(key)
+            self._set(
+                key,
+                replace(
+                    held,
+                    state=PresenceState.DRAINING,
+                    since=utcnow(),
+                    draining_since=self._clock(),
+                ),
+            )
+            newer = sorted(kept.get(name, ()))
+            log.info(
+                "child %s drains %s:%s (%s); it is unloaded once its jobs are done",
+                self.child.device, name, version,
+                f"{name}:{newer[-1]} replaces it" if newer else "no longer served here",
+            )  # fmt: skip
+        if not retire and not reinstate:
+            return
+
+        def change(session: Session) -> None:
+            for name, version in retire:
+                registry.retire(session=session, name=name, version=version)
+            for name, version in reinstate:
+                registry.reinstate(session=session, name=name, version=version)
+
+        self.report_quietly(change)
+
+    def _unload_drained(self) -> None:
+        now = self._clock()
+        with self._lock:
+            draining = [
+                key
+                for key, held in self._held.items()
+                if held.state == PresenceState.DRAINING
+                and held.draining_since is not None
+                and now - held.draining_since >= self.drain_grace_s
+            ]
+        for key in draining:
+            # Under the task thread's lock: a batch that could still claim a job of it runs
+            # first (then the check sees its jobs), or finds the version gone.
+            if not self._in_use.acquire(timeout=self.poll_s):
+                continue
+            try:
+                with self.sessions() as session:
+                    if jobs.has_unfinished(session=session, model=key[0], version=key[1]):
+                        continue
+                loaded = self.models.pop(key)
+            except SQLAlchemyError as exc:
+                log.warning("could not check whether %s:%s drained (%s)", *key, _describe(exc))
+                continue
+            finally:
+                self._in_use.release()
+            self._set(key, None)
+            self._close(loaded)
+            log.info("child %s unloaded %s:%s: drained", self.child.device, *key)
+
+    def _unload(self, key: Key) -> None:
+        with self._in_use:
+            loaded = self.models.pop(key, None)
+        self._set(key, None)
+        if loaded is not None:
+            self._close(loaded)
+
+    @staticmethod
+    def _close(loaded: LoadedModel) -> None:
+        close = getattr(loaded.runner, "close", None)
+        if close is None:
+            return
+        try:
+            close()
+        except Exception:
+            log.exception("closing %s failed", loaded.spec.path)
