@@ -20,7 +20,7 @@ from api.routes import health, jobs, models
 from api.schemas import JobBatchCreate, JobCreate, JobStatusQuery, json_response
 from api.state import AppState, SignatureCache
 from api.waiter import CompletionWaiter
-from db.engine import make_engine, make_sessionmaker, readonly
+from db.engine import WalCheckpointer, make_engine, make_sessionmaker, readonly
 from tffleet import __version__
 from tffleet.errors import InvalidInput, ServiceUnavailable, TffleetError
 from tffleet.settings import Settings, get_settings
@@ -107,6 +107,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             reader=JobReader(reads),
             admission=QueueLimit(reads, max_queued_jobs=settings.max_queued_jobs),
         )
+        checkpointer = WalCheckpointer(engine)
+        checkpointer.start()
         await state.waiter.start()
         await state.ingestor.start()
         await state.reader.start()
@@ -117,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await state.reader.stop()
             await state.ingestor.stop()
             await state.waiter.stop()
+            checkpointer.stop()
             engine.dispose()
 
     app = FastAPI(

@@ -12,6 +12,7 @@ from sqlalchemy import Row
 
 from db.models import Job, JobStatus
 from tffleet import tensors
+from tffleet.announcements import EndedJob
 
 Tensor = list[Any] | dict[str, Any]
 
@@ -172,9 +173,10 @@ def iso_utc(value: datetime | None) -> str | None:
 
 
 def job_out(
-    job: Job | Row[Any], *, encoding: str = "json", with_outputs: bool = True
+    job: Job | Row[Any] | EndedJob, *, encoding: str = "json", with_outputs: bool = True
 ) -> dict[str, Any]:
-    """The JSON form of a job (an ORM object or a plain row). Built by hand: a poll's hot path."""
+    """The JSON form of a job (an ORM object, a plain row, or the job as its worker announced
+    it). Built by hand: a poll's hot path."""
     outputs = None
     if with_outputs and job.status == JobStatus.SUCCEEDED.value and job.outputs is not None:
         outputs = {

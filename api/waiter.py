@@ -9,9 +9,10 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
 
-import orjson
 import redis.asyncio as aioredis
 
+from tffleet import announcements
+from tffleet.announcements import EndedJob
 from tffleet.constants import JOBS_DONE_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ class CompletionWaiter:
 
     Announcements of the last `remember_s` are remembered, so a caller that starts watching a
     job just after it ended (a submit that waits, watching once its jobs are published) is
-    woken at once instead of missing it.
+    woken at once instead of missing it; a job announced whole (`ended`) needs no read.
     """
 
     recheck_s = 2.0
@@ -35,7 +36,8 @@ class CompletionWaiter:
     def __init__(self, redis_url: str) -> None:
         self._url = redis_url
         self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
-        self._recent: OrderedDict[str, float] = OrderedDict()  # job id -> when announced
+        # job id -> (when announced, the job when announced whole)
+        self._recent: OrderedDict[str, tuple[float, EndedJob | None]] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -75,16 +77,22 @@ class CompletionWaiter:
                     if not waiting:
                         del self._waiters[job_id]
 
-    def _wake(self, job_ids: list[str]) -> None:
+    def ended(self, job_id: str) -> EndedJob | None:
+        """The job as its worker announced it when it ended, if it was announced whole lately."""
+        hit = self._recent.get(job_id)
+        return hit[1] if hit is not None else None
+
+    def _wake(self, ended: list[tuple[str, EndedJob | None]]) -> None:
         now = time.monotonic()
         recent = self._recent
-        for job_id in job_ids:
-            recent[job_id] = now
+        for job_id, job in ended:
+            recent[job_id] = (now, job)
             recent.move_to_end(job_id)
             for event in self._waiters.get(job_id, ()):
                 event.set()
         while recent and (
-            len(recent) > self._REMEMBER_MAX or next(iter(recent.values())) < now - self.remember_s
+            len(recent) > self._REMEMBER_MAX
+            or next(iter(recent.values()))[0] < now - self.remember_s
         ):
             recent.popitem(last=False)
 
@@ -103,7 +111,7 @@ class CompletionWaiter:
                     backoff_s = 0.1
                     async for message in pubsub.listen():
                         if message["type"] == "message":
-                            self._wake(orjson.loads(message["data"]))
+                            self._wake(announcements.decode(message["data"]))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

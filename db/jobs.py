@@ -10,6 +10,7 @@ write only where the lease still matches, so a stale or duplicate worker cannot 
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -22,7 +23,9 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Row,
+    Select,
     Table,
+    Update,
     and_,
     bindparam,
     delete,
@@ -133,6 +136,7 @@ class Lease:
     priority: int
     inputs: bytes
     created_at: datetime | None = None  # for the queue-wait metric
+    started_at: datetime | None = None  # as stored by the claim
 
 
 def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
@@ -363,6 +367,37 @@ def list_jobs(
     return jobs[:limit], next_cursor
 
 
+@functools.cache
+def _claim_statement(*, fresh_only: bool) -> Update:
+    """The compare-and-set that claims jobs: only rows still queued (and, `fresh_only`, never
+    claimed) move, so of two racing claimers exactly one wins each job (PostgreSQL re-checks
+    the WHERE after a concurrent update; SQLite serializes writers). Built once: building a
+    statement costs more than running it."""
+    where = [_jobs.c.id.in_(bindparam("c_ids", expanding=True)), _QUEUED]
+    if fresh_only:
+        where.append(_NEVER_CLAIMED)
+    return (
+        update(_jobs)
+        .where(*where)
+        .values(
+            status=JobStatus.RUNNING.value,
+            attempts=_jobs.c.attempts + 1,
+            lease_owner=bindparam("c_owner"),
+            lease_expires_at=bindparam("c_expires"),
+            worker=bindparam("c_worker"),
+            started_at=bindparam("c_now"),
+        )
+        .returning(
+            _jobs.c.id, _jobs.c.attempts, _jobs.c.samples, _jobs.c.priority, _jobs.c.created_at
+        )
+    )
+
+
+_SELECT_INPUTS = select(_inputs.c.job_id, _inputs.c.data).where(
+    _inputs.c.job_id.in_(bindparam("c_ids", expanding=True))
+)
+
+
 def _claim_ids(
     *,
     session: Session,
@@ -370,42 +405,23 @@ def _claim_ids(
     owner: str,
     lease_s: float,
     worker: str,
-    where: Sequence[ColumnElement[bool]] = (),
+    fresh_only: bool = False,
 ) -> list[Lease]:
     if not job_ids:
         return []
     now = utcnow()
-    # The compare-and-set: only rows still queued (and matching `where`) move, so of two racing
-    # claimers exactly one wins each job (PostgreSQL re-checks the WHERE after a concurrent
-    # update; SQLite serializes writers).
-    stmt = (
-        update(_jobs)
-        .where(and_(_jobs.c.id.in_(job_ids), _jobs.c.status == JobStatus.QUEUED.value, *where))
-        .values(
-            status=JobStatus.RUNNING.value,
-            attempts=_jobs.c.attempts + 1,
-            lease_owner=owner,
-            lease_expires_at=now + timedelta(seconds=lease_s),
-            worker=worker,
-            started_at=now,
-        )
-        .returning(
-            _jobs.c.id,
-            _jobs.c.attempts,
-            _jobs.c.samples,
-            _jobs.c.priority,
-            _jobs.c.created_at,
-        )
-    )
-    rows = session.execute(stmt).all()
+    rows = session.execute(
+        _claim_statement(fresh_only=fresh_only),
+        {
+            "c_ids": list(job_ids),
+            "c_owner": owner,
+            "c_expires": now + timedelta(seconds=lease_s),
+            "c_worker": worker,
+            "c_now": now,
+        },
+    ).all()
     inputs: dict[str, bytes] = (
-        dict(
-            session.execute(
-                select(_inputs.c.job_id, _inputs.c.data).where(
-                    _inputs.c.job_id.in_([row.id for row in rows])
-                )
-            ).all()
-        )
+        dict(session.execute(_SELECT_INPUTS, {"c_ids": [row.id for row in rows]}).all())
         if rows
         else {}
     )
@@ -418,6 +434,7 @@ def _claim_ids(
             priority=row.priority,
             inputs=inputs.get(row.id, b""),
             created_at=row.created_at,
+            started_at=now,
         )
         for row in rows
     ]
@@ -436,6 +453,22 @@ def claim(
 
 _QUEUED = _jobs.c.status == JobStatus.QUEUED.value
 _NEVER_CLAIMED = _jobs.c.attempts == 0
+
+
+@functools.cache
+def _candidates_statement(*, fresh_only: bool) -> Select[tuple[str, int]]:
+    return (
+        select(_jobs.c.id, _jobs.c.samples)
+        .where(
+            _jobs.c.model == bindparam("n_model"),
+            _jobs.c.version == bindparam("n_version"),
+            _QUEUED,
+            *([_NEVER_CLAIMED] if fresh_only else []),
+        )
+        .order_by(_jobs.c.priority.desc(), _jobs.c.id)
+        .limit(bindparam("n_limit"))
+        .with_for_update(skip_locked=True)
+    )
 
 
 def claim_next(
@@ -459,16 +492,8 @@ def claim_next(
     if max_samples <= 0:
         return []
     candidates = session.execute(
-        select(_jobs.c.id, _jobs.c.samples)
-        .where(
-            _jobs.c.model == model,
-            _jobs.c.version == version,
-            _QUEUED,
-            *([_NEVER_CLAIMED] if fresh_only else []),
-        )
-        .order_by(_jobs.c.priority.desc(), _jobs.c.id)
-        .limit(max_samples)
-        .with_for_update(skip_locked=True)
+        _candidates_statement(fresh_only=fresh_only),
+        {"n_model": model, "n_version": version, "n_limit": max_samples},
     ).all()
     chosen: list[str] = []
     room = max_samples
@@ -501,9 +526,11 @@ def _fence(lease: Lease, **extra: object) -> dict[str, object]:
     return {"b_id": lease.job_id, "b_owner": lease.owner, "b_attempt": lease.attempt, **extra}
 
 
-def _fenced_update(session: Session, params: list[dict[str, object]], **values: object) -> int:
+def _fenced_update(
+    session: Session, params: list[dict[str, object]], stmt: Update | None = None, **values: object
+) -> int:
     """One UPDATE per lease, in one round of executemany; returns how many rows matched."""
-    stmt = update(_jobs).where(_fenced()).values(**values)
+    stmt = stmt if stmt is not None else update(_jobs).where(_fenced()).values(**values)
     # Rows locked in id order, the order a multi-row UPDATE by id takes them: two transactions
     # touching the same jobs then wait for each other instead of deadlocking.
     params = sorted(params, key=lambda p: str(p["b_id"]))
@@ -527,18 +554,35 @@ def heartbeat(*, session: Session, leases: Sequence[Lease], lease_s: float) -> i
     )
 
 
-def complete(*, session: Session, results: Sequence[tuple[Lease, bytes]]) -> int:
-    """Write outputs where the lease still matches; returns how many were written."""
+@functools.cache
+def _complete_statement() -> Update:
+    # Built once, as the claim is: the hot path runs it for every batch.
+    return (
+        update(_jobs)
+        .where(_fenced())
+        .values(
+            status=JobStatus.SUCCEEDED.value,
+            outputs=bindparam("b_outputs"),
+            finished_at=bindparam("b_now"),
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+
+
+def complete(
+    *, session: Session, results: Sequence[tuple[Lease, bytes]], now: datetime | None = None
+) -> int:
+    """Write outputs where the lease still matches; returns how many were written.
+
+    `now`: the `finished_at` to store, when the caller must know it exactly."""
     if not results:
         return 0
+    now = now or utcnow()
     return _fenced_update(
         session,
-        [_fence(lease, b_outputs=outputs) for lease, outputs in results],
-        status=JobStatus.SUCCEEDED.value,
-        outputs=bindparam("b_outputs"),
-        finished_at=utcnow(),
-        lease_owner=None,
-        lease_expires_at=None,
+        [_fence(lease, b_outputs=outputs, b_now=now) for lease, outputs in results],
+        _complete_statement(),
     )
 
 
@@ -793,7 +837,7 @@ def claim_named(
         owner=owner,
         lease_s=lease_s,
         worker=worker or owner,
-        where=[_NEVER_CLAIMED],
+        fresh_only=True,
     )
     order = {job_id: i for i, job_id in enumerate(job_ids)}
     leases.sort(key=lambda lease: order[lease.job_id])

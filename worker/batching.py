@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import jobs
 from db.jobs import Lease
 from tffleet import tensors
+from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
 from worker import metrics
 from worker.heartbeat import Heartbeat, Running
 
@@ -100,7 +101,8 @@ class Batcher:
     sessions: sessionmaker[Session]
     owner: str
     lease_s: float
-    notify: Callable[[Sequence[str]], None]
+    # Announces ended jobs (after their commit): ids, or whole jobs (tffleet.announcements).
+    notify: Callable[[Sequence[str | EndedJob]], None]
     # Publishes a wake-up for jobs handed back to the queue: (model, version, job ids).
     wake: Callable[[str, int, Sequence[str]], object] = _no_wake
     # Called once a timed-out batch's jobs are dealt with; tests record instead of exiting.
@@ -206,9 +208,11 @@ class Batcher:
         metrics.BATCH_SECONDS.labels(model).observe(time.perf_counter() - started)
         succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
         failed = [(lease, out) for lease, out in outcomes if isinstance(out, str)]
+        finished_at = jobs.utcnow()
         try:
             with self.sessions.begin() as session:
-                report.written = jobs.complete(session=session, results=succeeded)
+                report.written = jobs.complete(session=session, results=succeeded, now=finished_at)
+                whole = report.written == len(succeeded)
                 for lease, message in failed:
                     report.written += jobs.fail(
                         session=session, leases=[lease], code="model_error", message=message
@@ -219,7 +223,30 @@ class Batcher:
         report.succeeded, report.failed = len(succeeded), len(failed)
         metrics.JOBS_FINISHED.labels(model, "succeeded").inc(report.succeeded)
         metrics.JOBS_FINISHED.labels(model, "failed").inc(report.failed)
-        self.notify([lease.job_id for lease in leases])
+        # A job is announced whole only when every result was written: a fenced-out one (its
+        # lease lost) is not this worker's to describe.
+        results = {lease.job_id: out for lease, out in succeeded} if whole else {}
+        ended: list[str | EndedJob] = []
+        for lease in leases:
+            outputs = results.get(lease.job_id)
+            if outputs is None or len(outputs) > MAX_INLINE_OUTPUTS_BYTES:
+                ended.append(lease.job_id)
+                continue
+            ended.append(
+                EndedJob(
+                    id=lease.job_id,
+                    model=model,
+                    version=version,
+                    priority=lease.priority,
+                    created_at=lease.created_at,
+                    started_at=lease.started_at,
+                    finished_at=finished_at,
+                    attempts=lease.attempt,
+                    worker=lease.owner,
+                    outputs=outputs,
+                )
+            )
+        self.notify(ended)
         return report
 
     def fail_named(

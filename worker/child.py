@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import billiard.process
-import orjson
 import redis
 from sqlalchemy import Engine
 
 from db import jobs, presence
 from db.engine import make_engine, make_sessionmaker
+from tffleet import announcements
+from tffleet.announcements import EndedJob
 from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.devices import Device, cpu_threads_per_child, parse_devices, pin_environment
 from tffleet.settings import get_settings
@@ -122,12 +123,12 @@ def init() -> None:
     sessions = make_sessionmaker(engine)
     notifier = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
 
-    def notify(job_ids: Sequence[str]) -> None:
+    def notify(ended: Sequence[str | EndedJob]) -> None:
         try:
-            notifier.publish(JOBS_DONE_CHANNEL, orjson.dumps(list(job_ids)))
+            notifier.publish(JOBS_DONE_CHANNEL, announcements.encode(list(ended)))
         except redis.RedisError:
             log.warning(
-                "could not publish completion of %d jobs; pollers will see it late", len(job_ids)
+                "could not publish completion of %d jobs; pollers will see it late", len(ended)
             )
 
     publisher = Publisher(celery_app)

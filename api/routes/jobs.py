@@ -235,13 +235,29 @@ async def _wait_for(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ended.wait(), min(remaining, state.waiter.recheck_s))
             ended.clear()
-            # Woken by an announcement, or by the periodic re-check: the database decides.
-            outs = await state.reader((job_ids, encoding))
+            # Woken by an announcement, or by the periodic re-check: the database decides,
+            # unless the workers announced every job still pending whole.
+            outs = _from_announcements(state, outs, pending, encoding) or await state.reader(
+                (job_ids, encoding)
+            )
             ended_now = {out["id"] for out in outs if out["status"] in _FINISHED} & pending
             if ended_now and until == "any":
                 break
             pending -= ended_now
         return outs
+
+
+def _from_announcements(
+    state: AppState, outs: list[dict[str, Any]], pending: set[str], encoding: Encoding
+) -> list[dict[str, Any]] | None:
+    """`outs` with the pending jobs as their workers announced them, or None unless all were."""
+    announced = {job_id: state.waiter.ended(job_id) for job_id in pending}
+    if any(job is None for job in announced.values()):
+        return None
+    return [
+        job_out(job, encoding=encoding) if (job := announced.get(out["id"])) else out
+        for out in outs
+    ]
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=error_responses(404, 422, 503))

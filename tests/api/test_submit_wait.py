@@ -6,16 +6,21 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import numpy as np
 import pytest
+import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.waiter import CompletionWaiter
 from db.models import Job, JobStatus
 from tests.api.conftest import Api, _until_subscribed, finish_job
+from tffleet import announcements, tensors
+from tffleet.announcements import EndedJob
+from tffleet.constants import JOBS_DONE_CHANNEL
 
 pytestmark = pytest.mark.anyio
 
@@ -140,8 +145,41 @@ async def test_bad_wait_or_encoding_on_submit_is_422_and_stores_nothing(
 
 async def test_the_waiter_remembers_an_ending_announced_before_the_watch_began() -> None:
     waiter = CompletionWaiter("redis://unused")
-    waiter._wake(["early"])  # the announcement, as the listener delivers it
+    waiter._wake([("early", None)])  # the announcement, as the listener delivers it
 
     with waiter.watch("early") as ended, waiter.watch("other") as not_yet:
         await asyncio.sleep(0)
         assert ended.is_set() and not not_yet.is_set()
+
+
+async def test_a_job_announced_whole_is_answered_without_reading_the_database(
+    api: Api, redis_url: str
+) -> None:
+    queued = (await api.client.post("/v1/jobs", json=BODY)).json()
+    # Announced whole, but never written: only an answer from the announcement says succeeded.
+    announced = EndedJob(
+        id=queued["id"],
+        model=queued["model"],
+        version=queued["version"],
+        priority=queued["priority"],
+        created_at=datetime.fromisoformat(queued["created_at"]),
+        started_at=datetime.fromisoformat(queued["created_at"]),
+        finished_at=datetime.fromisoformat(queued["created_at"]),
+        attempts=1,
+        worker="w",
+        outputs=tensors.pack(OUTPUTS),
+    )
+
+    def announce() -> None:
+        _until_subscribed(redis_url)
+        with redis.Redis.from_url(redis_url) as client:
+            client.publish(JOBS_DONE_CHANNEL, announcements.encode([announced]))
+
+    thread = threading.Thread(target=announce, daemon=True)
+    thread.start()
+    response = await api.client.get(f"/v1/jobs/{queued['id']}", params={"wait": "10"})
+    thread.join(10)
+
+    job = response.json()
+    assert job["status"] == "succeeded" and job["worker"] == "w"
+    assert job["outputs"] == {"y": OUTPUTS["y"].tolist()}

@@ -22,6 +22,7 @@ from tests.worker.test_batching import (
     samples,
     submit,
 )
+from tffleet.announcements import EndedJob
 from worker.batching import Batcher, BatchPolicy
 
 SLOW = 99.0  # the slow runner sleeps on any batch holding this value
@@ -44,15 +45,20 @@ class Faults:
     def __init__(self, sessions: Sessions, *, lease_s: float = 30) -> None:
         self.timeouts = 0
         self.woken: list[tuple[str, int, list[str]]] = []
-        self.notified: list[list[str]] = []
+        self.notified: list[list[str]] = []  # the ids of each announcement
+        self.announced: list[list[str | EndedJob]] = []
         self.batcher = Batcher(
             sessions=sessions,
             owner="t1",
             lease_s=lease_s,
-            notify=lambda ids: self.notified.append(list(ids)),
+            notify=self._notify,
             wake=lambda model, version, ids: self.woken.append((model, version, list(ids))),
             on_timeout=self._timed_out,
         )
+
+    def _notify(self, ended: Sequence[str | EndedJob]) -> None:
+        self.announced.append(list(ended))
+        self.notified.append([e if isinstance(e, str) else e.id for e in ended])
 
     def _timed_out(self) -> None:
         self.timeouts += 1

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.schemas import job_out
 from db import jobs
 from db.models import Job, JobStatus
 from tffleet import tensors
+from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
 from worker.batching import Batcher, BatchPolicy, BatchReport, run_leases
 
 Sessions = sessionmaker[Session]
@@ -98,13 +100,18 @@ class BatchRun:
     """A Batcher over the test's database, with the notifications it sent."""
 
     def __init__(self, sessions: Sessions) -> None:
-        self.notified: list[list[str]] = []
+        self.notified: list[list[str]] = []  # the ids of each announcement
+        self.announced: list[list[str | EndedJob]] = []
         self.batcher = Batcher(
             sessions=sessions,
             owner="t1",
             lease_s=30,
-            notify=lambda ids: self.notified.append(list(ids)),
+            notify=self._notify,
         )
+
+    def _notify(self, ended: Sequence[str | EndedJob]) -> None:
+        self.announced.append(list(ended))
+        self.notified.append([e if isinstance(e, str) else e.id for e in ended])
 
     def run(
         self,
@@ -498,6 +505,39 @@ def test_a_job_canceled_while_running_keeps_no_result(sessions: Sessions, batch:
     job = read(sessions, dropped_id)
     assert job.status == JobStatus.CANCELED
     assert job.outputs is None
+    # Not every result was written: the announcement names the jobs, it does not describe them.
+    assert batch.announced == [[kept_id, dropped_id]]
+
+
+# Announcements
+
+
+def test_succeeded_jobs_are_announced_exactly_as_the_database_holds_them(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    ids = [submit(sessions, samples(1, seed=0), priority=3), submit(sessions, samples(2, seed=1))]
+
+    batch.run(ids, FakeRunner())
+
+    (announced,) = batch.announced
+    assert [job.id for job in announced if isinstance(job, EndedJob)] == ids
+    for job in announced:
+        assert isinstance(job, EndedJob)
+        stored = read(sessions, job.id)
+        assert job_out(job, encoding="b64") == job_out(stored, encoding="b64")
+        assert job_out(job) == job_out(stored)
+
+
+def test_a_job_with_large_outputs_is_announced_by_id(sessions: Sessions, batch: BatchRun) -> None:
+    class WideRunner(FakeRunner):
+        def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return {"y": np.zeros((len(batch["x"]), MAX_INLINE_OUTPUTS_BYTES), dtype=np.uint8)}
+
+    job_id = submit(sessions, samples(1, seed=0))
+
+    batch.run([job_id], WideRunner())
+
+    assert batch.announced == [[job_id]]
 
 
 # run_leases (no database)

@@ -1,0 +1,95 @@
+"""What a worker announces on JOBS_DONE_CHANNEL once jobs have ended, and how the API reads it.
+
+A message is a JSON list. An item is a job id, or, for a job that succeeded with small outputs,
+the job as it was just committed: a long-poll then answers from the announcement instead of
+reading the database again (a read is most of what an idle round trip costs after the commit).
+
+Only a job whose row the announcing worker has written may be announced whole: the values are
+those the row holds, and a job that has ended never changes again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+import pybase64
+
+# Larger outputs are read from the database: every API process receives every announcement.
+MAX_INLINE_OUTPUTS_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class EndedJob:
+    """A succeeded job as committed, with the attributes `api.schemas.job_out` reads."""
+
+    id: str
+    model: str
+    version: int
+    priority: int
+    created_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime
+    attempts: int
+    worker: str
+    outputs: bytes
+    status: str = "succeeded"
+    error_code: None = None
+    error_message: None = None
+
+    def as_item(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model": self.model,
+            "version": self.version,
+            "priority": self.priority,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "attempts": self.attempts,
+            "worker": self.worker,
+            "outputs": pybase64.b64encode(self.outputs).decode("ascii"),
+        }
+
+    @classmethod
+    def from_item(cls, item: dict[str, Any]) -> EndedJob:
+        return cls(
+            id=item["id"],
+            model=item["model"],
+            version=item["version"],
+            priority=item["priority"],
+            created_at=_parse(item["created_at"]),
+            started_at=_parse(item["started_at"]),
+            finished_at=datetime.fromisoformat(item["finished_at"]),
+            attempts=item["attempts"],
+            worker=item["worker"],
+            outputs=pybase64.b64decode(item["outputs"]),
+        )
+
+
+def encode(ended: list[str | EndedJob]) -> bytes:
+    return orjson.dumps([e if isinstance(e, str) else e.as_item() for e in ended])
+
+
+def decode(message: bytes) -> list[tuple[str, EndedJob | None]]:
+    """(job id, the job when announced whole) per item; an item it cannot read is skipped."""
+    out: list[tuple[str, EndedJob | None]] = []
+    for item in orjson.loads(message):
+        if isinstance(item, str):
+            out.append((item, None))
+        elif isinstance(item, dict) and isinstance(item.get("id"), str):
+            try:
+                out.append((item["id"], EndedJob.from_item(item)))
+            except (KeyError, TypeError, ValueError):  # from a newer or older worker
+                out.append((item["id"], None))
+    return out
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _parse(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value is not None else None
