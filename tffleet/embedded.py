@@ -41,7 +41,8 @@ def _get_json(url: str) -> object:
 def _wait_for_models(
     base_url: str, *, since: datetime, timeout_s: float, group: ProcessGroup
 ) -> list[dict[str, Any]]:
-    """The models a worker has loaded since `since` (the database may remember older runs)."""
+    """The model versions a live worker of this run serves (the database may remember older
+    runs, whose registrations are older than `since`)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         exited = group.first_exited()
@@ -53,7 +54,8 @@ def _wait_for_models(
             fresh = [
                 m
                 for m in found["models"]
-                if datetime.fromisoformat(m["registered_at"]).replace(tzinfo=UTC) >= since
+                if m["served"]
+                and datetime.fromisoformat(m["registered_at"]).replace(tzinfo=UTC) >= since
             ]
             if fresh:
                 return fresh
@@ -137,7 +139,10 @@ def up(options: UpOptions) -> int:
         names = ", ".join(f"{m['name']}:{m['version']}" for m in loaded)
         print(
             f"\ntffleet is up at {base_url}  (models: {names}; docs: {base_url}/docs)"
-            f"\nTry it:\n{_curl_example(base_url, loaded[0])}\n\nCtrl-C stops everything.\n",
+            f"\nTry it:\n{_curl_example(base_url, loaded[0])}\n"
+            f"\nA new version directory copied into {options.models}/<name>/ is served within "
+            f"seconds, and the old one drains ({base_url}/v1/models shows which runs where)."
+            f"\n\nCtrl-C stops everything.\n",
             flush=True,
         )
         while (exited := group.first_exited()) is None:
