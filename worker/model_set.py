@@ -170,10 +170,11 @@ class ModelSet:
 
         Raises SQLAlchemyError when the database fails.
         """
-        with self._lock, self.sessions.begin() as session:
-            if change is not None:
-                change(session)
-            presence.report(session=session, child=self.child, holdings=self.holdings())
+        with self._lock:
+            with self.sessions.begin() as session:
+                if change is not None:
+                    change(session)
+                presence.report(session=session, child=self.child, holdings=self.holdings())
             self._changed = False
 
     def withdraw(self) -> None:
@@ -188,7 +189,8 @@ class ModelSet:
                 self._held[key] = held
             self._changed = True
 
-    def report_quietly(self, change: Callable[[Session], object] | None = None) -> bool:
+    def report_quietly(self, change: Callable[[Session], object] | None = None) -> None:
+        """`report`, logging a database failure: the next poll reports again."""
         try:
             self.report(change)
         except SQLAlchemyError as exc:
@@ -196,8 +198,6 @@ class ModelSet:
                 "child %s could not report its models (%s); will retry",
                 self.child.device, _describe(exc),
             )  # fmt: skip
-            return False
-        return True
 
     # The repository's side
 
@@ -342,9 +342,10 @@ class ModelSet:
         dropped; take back draining ones that are served again."""
         retire: list[Key] = []
         reinstate: list[Key] = []
+        before: dict[Key, _Held] = {}
         for key in list(self.models):
             name, version = key
-            held = self._held[key]
+            held = before[key] = self._held[key]
             if name in unreadable:
                 continue  # a model.toml being edited: change nothing until it parses
             if version in kept.get(name, ()):
@@ -382,7 +383,12 @@ class ModelSet:
             for name, version in reinstate:
                 registry.reinstate(session=session, name=name, version=version)
 
-        self.report_quietly(change)
+        try:
+            self.report(change)
+        except SQLAlchemyError as exc:
+            log.warning("could not record retired versions (%s); next poll", _describe(exc))
+            for key, held in before.items():  # as it was, so the next poll does it all again
+                self._set(key, held)
 
     def _unload_drained(self) -> None:
         now = self._clock()
