@@ -676,6 +676,8 @@ async def test_run_returns_the_outputs_of_named_inputs(api: InProcess) -> None:
     np.testing.assert_allclose(outputs["total"], a.sum(axis=1) + np.array([3, 7]), rtol=1e-6)
     assert outputs["total"].dtype == np.float64
     outputs["total"] += 1  # outputs are the caller's own arrays
+    # Submitted and waited for in one round trip (POST ?wait=).
+    assert [(r.method, r.url.path) for r in api.transport.requests] == [("POST", "/v1/jobs")]
 
 
 @pytest.mark.anyio

@@ -6,6 +6,7 @@ the models. A plan yields `Call`s and `Sleep`s and returns what the client metho
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import time
@@ -253,13 +254,22 @@ def run(
     timeout: float | None,
     retries: Retries,
 ) -> Plan[dict[str, Any]]:
-    job = yield from submit(
-        model, inputs, version=version, priority=priority, idempotency_key=None, retries=retries
+    # Submit and long-poll in one round trip (POST ?wait=); a job still unfinished when that
+    # round ends is then waited for as usual.
+    deadline = None if timeout is None else time.monotonic() + timeout
+    wait_s = _round_s(deadline)
+    body = _dumps(job_body(model, inputs, version=version, priority=priority))
+    call = _submit_call(body, new_idempotency_key())
+    call = dataclasses.replace(
+        call, params={"wait": f"{wait_s:.3f}", "encoding": "b64"}, wait_s=wait_s
     )
-    done = yield from wait(job.id, timeout=timeout, retries=retries)
+    done = Job.from_wire((yield from send(call, retries)))
+    if not done.finished:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        done = yield from wait(done.id, timeout=remaining, retries=retries)
     outputs = done.raise_for_error().outputs
     if outputs is None:
-        raise ProtocolError(f"job {job.id} succeeded but its outputs are gone (purged?)")
+        raise ProtocolError(f"job {done.id} succeeded but its outputs are gone (purged?)")
     return outputs
 
 
