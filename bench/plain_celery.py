@@ -47,4 +47,4 @@ def predict(x: list[list[float]]) -> list[list[float]]:
     import tensorflow as tf
 
     (out,) = _model(x=tf.constant(x, dtype=tf.float32)).values()
-    return out.numpy().tolist()  # type: ignore[no-any-return]
+    return out.numpy().tolist()
