@@ -245,7 +245,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _join_running_fleet(command: str) -> None:
+    """Use the settings of a `tffleet up` running from this directory, unless set otherwise."""
+    from tffleet.embedded import DEFAULT_DATA_DIR, FLEET_ENV, running_fleet_env
+
+    found = {k: v for k, v in running_fleet_env().items() if k not in os.environ}
+    if found:
+        os.environ.update(found)
+        print(
+            f"tffleet {command}: using the fleet of `tffleet up` ({DEFAULT_DATA_DIR / FLEET_ENV})",
+            file=sys.stderr,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] != ["up"]:  # before parsing: the parser's defaults read the environment
+        _join_running_fleet(argv[0] if argv else "")
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -7,6 +7,7 @@ the sweeper, and an example model built on first run.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -88,6 +89,41 @@ def _curl_example(base_url: str, model: dict[str, Any]) -> str:
     )
 
 
+# Written into the data directory while `tffleet up` runs: other tffleet commands started in the
+# same directory (`tffleet models list`, a second `tffleet worker`) use this fleet's settings.
+FLEET_ENV = "fleet.env"
+DEFAULT_DATA_DIR = Path(".tffleet")
+
+
+def _write_fleet_env(data_dir: Path, env: dict[str, str]) -> Path:
+    path = data_dir / FLEET_ENV
+    lines = [
+        "# The settings of the `tffleet up` running from here; removed when it stops.",
+        f"TFFLEET_UP_PID={os.getpid()}",
+        *(f"{key}={value}" for key, value in env.items() if key != "TFFLEET_DEVICES"),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def running_fleet_env(data_dir: Path = DEFAULT_DATA_DIR) -> dict[str, str]:
+    """The settings of a `tffleet up` running from this directory, or {} when none is."""
+    try:
+        text = (data_dir / FLEET_ENV).read_text()
+    except OSError:
+        return {}
+    values = dict(
+        line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
+    )
+    try:
+        os.kill(int(values.pop("TFFLEET_UP_PID", "")), 0)
+    except (ValueError, ProcessLookupError):
+        return {}  # left behind by one that was killed
+    except PermissionError:
+        pass  # alive, another user's
+    return values
+
+
 def up(options: UpOptions) -> int:
     options.data_dir.mkdir(parents=True, exist_ok=True)
     options.models.mkdir(parents=True, exist_ok=True)
@@ -121,6 +157,7 @@ def up(options: UpOptions) -> int:
         )  # fmt: skip
         wait_for_port(redis_port, timeout_s=10)
         print(f"tffleet: redis on 127.0.0.1:{redis_port}; database {database_url}", flush=True)
+        fleet_env = _write_fleet_env(options.data_dir, {**env, "TFFLEET_URL": base_url})
         upgrade(database_url)
         if not model_names(options.models):
             print(f"tffleet: building the example model into {options.models}", flush=True)
@@ -142,6 +179,8 @@ def up(options: UpOptions) -> int:
             f"\nTry it:\n{_curl_example(base_url, loaded[0])}\n"
             f"\nA new version directory copied into {options.models}/<name>/ is served within "
             f"seconds, and the old one drains ({base_url}/v1/models shows which runs where)."
+            f"\nOther tffleet commands run in this directory use this fleet "
+            f"(`tffleet models list`; settings in {fleet_env})."
             f"\n\nCtrl-C stops everything.\n",
             flush=True,
         )
@@ -158,3 +197,4 @@ def up(options: UpOptions) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         group.stop()
+        (options.data_dir / FLEET_ENV).unlink(missing_ok=True)

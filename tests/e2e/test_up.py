@@ -37,12 +37,12 @@ def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_stops_ev
 ) -> None:
     port = free_port()
     out = tmp_path / "up.log"
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("TFFLEET_")}
     with out.open("wb") as log:
         up = subprocess.Popen(
-            [sys.executable, "-m", "tffleet.cli", "up", "--data-dir", str(tmp_path / "data"),
-             "--port", str(port)],
+            [sys.executable, "-m", "tffleet.cli", "up", "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
-            env={k: v for k, v in os.environ.items() if not k.startswith("TFFLEET_")},
+            env=clean_env,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 240
@@ -70,10 +70,19 @@ def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_stops_ev
         ).json()
         assert job["status"] == "succeeded", job
         assert len(job["outputs"]["output_0"][0]) == 3
+
+        # Another tffleet command run in the same directory finds this fleet by itself.
+        listed = subprocess.run(
+            [sys.executable, "-m", "tffleet.cli", "models", "list"],
+            cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert listed.returncode == 0, listed.stderr
+        assert "example" in listed.stdout and "using the fleet of `tffleet up`" in listed.stderr
     finally:
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=60)
     assert code == 0, out.read_text(errors="replace")[-3000:]
+    assert not (tmp_path / ".tffleet" / "fleet.env").exists()
     assert started, "tffleet up started no processes?"
     leftovers = [pid for pid in started if Path(f"/proc/{pid}").exists()]
     assert leftovers == [], f"processes left running after Ctrl-C: {leftovers}"
