@@ -39,31 +39,43 @@ def _get_json(url: str) -> object:
         return json.load(response)
 
 
+def _since(item: dict[str, Any], key: str) -> datetime:
+    return datetime.fromisoformat(item[key]).replace(tzinfo=UTC)
+
+
 def _wait_for_models(
-    base_url: str, *, since: datetime, timeout_s: float, group: ProcessGroup
-) -> list[dict[str, Any]]:
-    """The model versions a live worker of this run serves (the database may remember older
-    runs, whose registrations are older than `since`)."""
+    base_url: str, *, names: list[str], since: datetime, timeout_s: float, group: ProcessGroup
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The versions a live worker of this run serves, and the load errors it reported, once every
+    model in `names` has one or the other, or 30 s after the first was served (a model whose
+    `devices` this worker lacks is never loaded). The database may remember older runs: what
+    they registered or reported is older than `since`."""
     deadline = time.monotonic() + timeout_s
+    served: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         exited = group.first_exited()
         if exited:
             raise RuntimeError(f"{exited[0]} exited with status {exited[1]} while starting")
         try:
             found = _get_json(f"{base_url}/v1/models")
-            assert isinstance(found, dict)
-            fresh = [
-                m
-                for m in found["models"]
-                if m["served"]
-                and datetime.fromisoformat(m["registered_at"]).replace(tzinfo=UTC) >= since
-            ]
-            if fresh:
-                return fresh
         except OSError:
-            pass
+            found = None
+        if isinstance(found, dict):
+            served = [
+                m for m in found["models"] if m["served"] and _since(m, "registered_at") >= since
+            ]
+            failed = [e for e in found["load_errors"] if _since(e, "since") >= since]
+            if {m["name"] for m in served} | {e["model"] for e in failed} >= set(names):
+                break
+            if served:
+                deadline = min(deadline, time.monotonic() + 30)
         time.sleep(0.25)
-    raise TimeoutError(f"no model was loaded within {timeout_s:.0f}s; see the worker's log above")
+    if not served:
+        raise TimeoutError(
+            f"no model was loaded within {timeout_s:.0f}s; see the worker's log above"
+        )
+    return served, failed
 
 
 def _example_tensor(spec: dict[str, Any]) -> Any:
@@ -136,8 +148,9 @@ def up(options: UpOptions) -> int:
         "TFFLEET_DEVICES": options.devices,
         "TFFLEET_API_HOST": options.host,
         "TFFLEET_API_PORT": str(options.port),
+        "TFFLEET_URL": f"http://{options.host}:{options.port}",  # for `tffleet submit` and such
     }
-    base_url = f"http://{options.host}:{options.port}"
+    base_url = env["TFFLEET_URL"]
     group = ProcessGroup()
     started_at = datetime.now(UTC)
 
@@ -157,7 +170,7 @@ def up(options: UpOptions) -> int:
         )  # fmt: skip
         wait_for_port(redis_port, timeout_s=10)
         print(f"tffleet: redis on 127.0.0.1:{redis_port}; database {database_url}", flush=True)
-        fleet_env = _write_fleet_env(options.data_dir, {**env, "TFFLEET_URL": base_url})
+        fleet_env = _write_fleet_env(options.data_dir, env)
         upgrade(database_url)
         if not model_names(options.models):
             print(f"tffleet: building the example model into {options.models}", flush=True)
@@ -172,8 +185,19 @@ def up(options: UpOptions) -> int:
         # Requeues jobs of a worker that died and republishes wake-ups Redis lost.
         group.start("sweeper", [sys.executable, "-m", "tffleet.cli", "sweeper"], env=env)
         wait_for_port(options.port, timeout_s=60)
-        loaded = _wait_for_models(base_url, since=started_at, timeout_s=300, group=group)
+        loaded, failed = _wait_for_models(
+            base_url,
+            names=model_names(options.models),
+            since=started_at,
+            timeout_s=300,
+            group=group,
+        )
         names = ", ".join(f"{m['name']}:{m['version']}" for m in loaded)
+        for error in failed:
+            print(
+                f"tffleet: could not load {error['model']}:{error['version']}: {error['error']}",
+                file=sys.stderr,
+            )
         print(
             f"\ntffleet is up at {base_url}  (models: {names}; docs: {base_url}/docs)"
             f"\nTry it:\n{_curl_example(base_url, loaded[0])}\n"
