@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Alembic 1.16+ logs each plugin it sets up at import: noise on every start.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except ValueError as exc:  # settings that do not parse
