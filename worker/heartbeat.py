@@ -54,6 +54,8 @@ class Heartbeat:
         self._cond = threading.Condition()
         self._running: Running | None = None
         self._thread: threading.Thread | None = None
+        # When the thread wakes next (time.monotonic()); it re-reads `_running` then.
+        self._wakes_at = 0.0
 
     @contextmanager
     def hold(
@@ -73,7 +75,10 @@ class Heartbeat:
                     target=self._beat, name="lease-heartbeat", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif deadline is not None and deadline < self._wakes_at:
+                # Woken only when it would sleep past this batch's deadline: waking a thread
+                # for every batch costs an idle job a noticeable part of its round trip.
+                self._cond.notify()
         try:
             yield
         finally:
@@ -95,6 +100,7 @@ class Heartbeat:
                     continue
                 due = next_beat if deadline is None else min(next_beat, deadline)
                 if now < due:
+                    self._wakes_at = due
                     self._cond.wait(due - now)
                     continue
             next_beat = now + interval
