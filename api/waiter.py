@@ -26,7 +26,8 @@ class CompletionWaiter:
 
     Announcements of the last `remember_s` are remembered, so a caller that starts watching a
     job just after it ended (a submit that waits, watching once its jobs are published) is
-    woken at once instead of missing it; a job announced whole (`ended`) needs no read.
+    woken at once instead of missing it. A job announced whole while someone watched it is kept
+    whole (`ended`) until the last watch of it ends: its watchers need no read.
     """
 
     recheck_s = 2.0
@@ -36,7 +37,7 @@ class CompletionWaiter:
     def __init__(self, redis_url: str) -> None:
         self._url = redis_url
         self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
-        # job id -> (when announced, the job when announced whole)
+        # job id -> (when announced, the job as announced while it was watched)
         self._recent: OrderedDict[str, tuple[float, EndedJob | None]] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
@@ -76,11 +77,18 @@ class CompletionWaiter:
                     waiting.discard(event)
                     if not waiting:
                         del self._waiters[job_id]
+                        self._forget_whole(job_id)
 
     def ended(self, job_id: str) -> EndedJob | None:
         """The job as its worker announced it when it ended, if it was announced whole lately."""
         hit = self._recent.get(job_id)
         return hit[1] if hit is not None else None
+
+    def _forget_whole(self, job_id: str) -> None:
+        """Keep only that it ended: outputs are held for the watchers of a job, not for 30 s."""
+        hit = self._recent.get(job_id)
+        if hit is not None and hit[1] is not None:
+            self._recent[job_id] = (hit[0], None)
 
     def _wake(self, ended: list[tuple[str, EndedJob | None]]) -> None:
         now = time.monotonic()
@@ -111,7 +119,7 @@ class CompletionWaiter:
                     backoff_s = 0.1
                     async for message in pubsub.listen():
                         if message["type"] == "message":
-                            self._wake(announcements.decode(message["data"]))
+                            self._wake(announcements.decode(message["data"], wanted=self._waiters))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

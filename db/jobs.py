@@ -526,20 +526,18 @@ def _fence(lease: Lease, **extra: object) -> dict[str, object]:
     return {"b_id": lease.job_id, "b_owner": lease.owner, "b_attempt": lease.attempt, **extra}
 
 
-def _fenced_update(
-    session: Session, params: list[dict[str, object]], stmt: Update | None = None, **values: object
-) -> int:
-    """One UPDATE per lease, in one round of executemany; returns how many rows matched."""
-    stmt = stmt if stmt is not None else update(_jobs).where(_fenced()).values(**values)
+def _fenced_statement(**values: object) -> Update:
+    """An UPDATE of one job, only while its lease still matches (see `_fence`)."""
+    return update(_jobs).where(_fenced()).values(**values)
+
+
+def _fenced_update(session: Session, stmt: Update, params: list[dict[str, object]]) -> int:
+    """`stmt` once per lease, in one round of executemany; returns how many rows matched."""
     # Rows locked in id order, the order a multi-row UPDATE by id takes them: two transactions
     # touching the same jobs then wait for each other instead of deadlocking.
     params = sorted(params, key=lambda p: str(p["b_id"]))
     result = session.execute(stmt, params)
     return int(result.rowcount)  # type: ignore[attr-defined]
-
-
-def _fence_params(lease: Lease) -> dict[str, object]:
-    return {"b_id": lease.job_id, "b_owner": lease.owner, "b_attempt": lease.attempt}
 
 
 def heartbeat(*, session: Session, leases: Sequence[Lease], lease_s: float) -> int:
@@ -549,24 +547,20 @@ def heartbeat(*, session: Session, leases: Sequence[Lease], lease_s: float) -> i
     expires = utcnow() + timedelta(seconds=lease_s)
     return _fenced_update(
         session,
+        _fenced_statement(lease_expires_at=bindparam("b_expires")),
         [_fence(lease, b_expires=expires) for lease in leases],
-        lease_expires_at=bindparam("b_expires"),
     )
 
 
 @functools.cache
 def _complete_statement() -> Update:
     # Built once, as the claim is: the hot path runs it for every batch.
-    return (
-        update(_jobs)
-        .where(_fenced())
-        .values(
-            status=JobStatus.SUCCEEDED.value,
-            outputs=bindparam("b_outputs"),
-            finished_at=bindparam("b_now"),
-            lease_owner=None,
-            lease_expires_at=None,
-        )
+    return _fenced_statement(
+        status=JobStatus.SUCCEEDED.value,
+        outputs=bindparam("b_outputs"),
+        finished_at=bindparam("b_now"),
+        lease_owner=None,
+        lease_expires_at=None,
     )
 
 
@@ -581,8 +575,8 @@ def complete(
     now = now or utcnow()
     return _fenced_update(
         session,
-        [_fence(lease, b_outputs=outputs, b_now=now) for lease, outputs in results],
         _complete_statement(),
+        [_fence(lease, b_outputs=outputs, b_now=now) for lease, outputs in results],
     )
 
 
@@ -592,13 +586,15 @@ def fail(*, session: Session, leases: Sequence[Lease], code: str, message: str) 
         return 0
     return _fenced_update(
         session,
+        _fenced_statement(
+            status=JobStatus.FAILED.value,
+            error_code=code,
+            error_message=message,
+            finished_at=utcnow(),
+            lease_owner=None,
+            lease_expires_at=None,
+        ),
         [_fence(lease) for lease in leases],
-        status=JobStatus.FAILED.value,
-        error_code=code,
-        error_message=message,
-        finished_at=utcnow(),
-        lease_owner=None,
-        lease_expires_at=None,
     )
 
 
@@ -608,10 +604,8 @@ def release(*, session: Session, leases: Sequence[Lease]) -> int:
         return 0
     return _fenced_update(
         session,
+        _fenced_statement(status=JobStatus.QUEUED.value, lease_owner=None, lease_expires_at=None),
         [_fence(lease) for lease in leases],
-        status=JobStatus.QUEUED.value,
-        lease_owner=None,
-        lease_expires_at=None,
     )
 
 

@@ -10,6 +10,7 @@ those the row holds, and a job that has ended never changes again.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,8 @@ from typing import Any
 import orjson
 import pybase64
 
-# Larger outputs are read from the database: every API process receives every announcement.
+# Outputs one announcement carries at most, all its jobs together; the jobs past it are announced
+# by id and read from the database: every API process receives every announcement.
 MAX_INLINE_OUTPUTS_BYTES = 64 * 1024
 
 
@@ -73,17 +75,23 @@ def encode(ended: list[str | EndedJob]) -> bytes:
     return orjson.dumps([e if isinstance(e, str) else e.as_item() for e in ended])
 
 
-def decode(message: bytes) -> list[tuple[str, EndedJob | None]]:
-    """(job id, the job when announced whole) per item; an item it cannot read is skipped."""
+def decode(
+    message: bytes, *, wanted: Container[str] | None = None
+) -> list[tuple[str, EndedJob | None]]:
+    """(job id, the job when announced whole) per item; an item it cannot read is skipped.
+    With `wanted`, only the jobs it holds are read whole (the others' ids only)."""
     out: list[tuple[str, EndedJob | None]] = []
     for item in orjson.loads(message):
         if isinstance(item, str):
             out.append((item, None))
-        elif isinstance(item, dict) and isinstance(item.get("id"), str):
+        elif isinstance(item, dict) and isinstance(job_id := item.get("id"), str):
+            if wanted is not None and job_id not in wanted:
+                out.append((job_id, None))
+                continue
             try:
-                out.append((item["id"], EndedJob.from_item(item)))
+                out.append((job_id, EndedJob.from_item(item)))
             except (KeyError, TypeError, ValueError):  # from a newer or older worker
-                out.append((item["id"], None))
+                out.append((job_id, None))
     return out
 
 

@@ -227,11 +227,13 @@ class Batcher:
         # lease lost) is not this worker's to describe.
         results = {lease.job_id: out for lease, out in succeeded} if whole else {}
         ended: list[str | EndedJob] = []
+        budget = MAX_INLINE_OUTPUTS_BYTES
         for lease in leases:
             outputs = results.get(lease.job_id)
-            if outputs is None or len(outputs) > MAX_INLINE_OUTPUTS_BYTES:
+            if outputs is None or len(outputs) > budget:
                 ended.append(lease.job_id)
                 continue
+            budget -= len(outputs)
             ended.append(
                 EndedJob(
                     id=lease.job_id,

@@ -224,9 +224,10 @@ async def _wait_for(
     deadline = asyncio.get_running_loop().time() + wait_s
     # Watch before the first read: an announcement between the two would otherwise be missed.
     with state.waiter.watch(*job_ids) as ended:
-        if known is None or any(out["status"] in _FINISHED for out in known):
-            known = await state.reader((job_ids, encoding))
-        outs = known
+        if known is not None and not any(out["status"] in _FINISHED for out in known):
+            outs = known
+        else:
+            outs = await state.reader((job_ids, encoding))
         pending = {out["id"] for out in outs if out["status"] not in _FINISHED}
         while pending:
             remaining = deadline - asyncio.get_running_loop().time()

@@ -183,3 +183,26 @@ async def test_a_job_announced_whole_is_answered_without_reading_the_database(
     job = response.json()
     assert job["status"] == "succeeded" and job["worker"] == "w"
     assert job["outputs"] == {"y": OUTPUTS["y"].tolist()}
+
+
+def _whole(job_id: str) -> EndedJob:
+    now = datetime.fromisoformat("2026-11-21T08:00:00+00:00")
+    return EndedJob(
+        id=job_id, model="mlp", version=2, priority=0, created_at=now, started_at=now,
+        finished_at=now, attempts=1, worker="w", outputs=tensors.pack(OUTPUTS),
+    )  # fmt: skip
+
+
+async def test_the_waiter_keeps_a_job_whole_only_for_its_watchers() -> None:
+    waiter = CompletionWaiter("redis://unused")
+    message = announcements.encode([_whole("watched"), _whole("unwatched")])
+
+    with waiter.watch("watched"):
+        waiter._wake(announcements.decode(message, wanted=waiter._waiters))
+        assert waiter.ended("watched") == _whole("watched")
+        assert waiter.ended("unwatched") is None  # not decoded: nobody waits for it
+
+    # Its watch ended: the outputs are let go, the ending is still remembered.
+    assert waiter.ended("watched") is None
+    with waiter.watch("watched") as ended:
+        assert ended.is_set()

@@ -540,6 +540,23 @@ def test_a_job_with_large_outputs_is_announced_by_id(sessions: Sessions, batch: 
     assert batch.announced == [[job_id]]
 
 
+def test_an_announcement_carries_outputs_up_to_its_budget_and_names_the_rest(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    class WideRunner(FakeRunner):
+        def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            width = MAX_INLINE_OUTPUTS_BYTES // 3  # two jobs' outputs fit, three do not
+            return {"y": np.zeros((len(batch["x"]), width), dtype=np.uint8)}
+
+    ids = [submit(sessions, samples(1, seed=i)) for i in range(3)]
+
+    batch.run(ids, WideRunner())
+
+    (announced,) = batch.announced
+    assert [isinstance(job, EndedJob) for job in announced] == [True, True, False]
+    assert batch.notified == [ids]
+
+
 # run_leases (no database)
 
 
