@@ -15,16 +15,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.admission import QueueLimit
 from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED
-from api.publish import Publisher
 from api.routes import health, jobs, models
 from api.schemas import JobBatchCreate, JobCreate, JobStatusQuery, json_response
 from api.state import AppState, SignatureCache
 from api.waiter import CompletionWaiter
 from db.engine import WalCheckpointer, make_engine, make_sessionmaker, readonly
 from tffleet import __version__
+from tffleet.broker import Publisher, make_celery
 from tffleet.errors import InvalidInput, ServiceUnavailable, TffleetError
 from tffleet.settings import Settings, get_settings
-from worker.app import make_celery
 
 log = logging.getLogger(__name__)
 

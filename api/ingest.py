@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.coalesce import Coalescer
 from api.metrics import JOBS_SUBMITTED, PUBLISH_FAILURES
-from api.publish import Publisher
 from api.schemas import job_out
 from db import jobs
+from tffleet.broker import Publisher
 from tffleet.errors import JobNotFound
 
 JobDict = dict[str, Any]

@@ -12,10 +12,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.admission import QueueLimit
 from api.ingest import Ingestor, JobReader
-from api.publish import Publisher
 from api.waiter import CompletionWaiter
 from db import presence, registry
 from db.models import ModelVersion
+from tffleet.broker import Publisher
 from tffleet.settings import Settings
 
 

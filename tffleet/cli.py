@@ -62,9 +62,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from worker import exporter
 
     exporter.prepare_multiprocess_dir()  # before anything imports prometheus_client
+    from tffleet.broker import DEFAULT_QUEUE, queue_for
     from tffleet.devices import parse_devices
     from tffleet.settings import get_settings
-    from worker.app import QUEUE_PREFIX, celery_app, queue_for
+    from worker.app import celery_app
     from worker.repository import model_names
 
     settings = get_settings()
@@ -97,7 +98,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # into the repository later needs a restart (its new versions do not).
     os.environ["TFFLEET_WORKER_MODELS"] = ",".join(names)
     get_settings.cache_clear()
-    queues = [queue_for(n) for n in names] or [f"{QUEUE_PREFIX}default"]
+    queues = [queue_for(n) for n in names] or [DEFAULT_QUEUE]
     print(
         f"tffleet: worker with {len(devices)} children on {', '.join(map(str, devices))}; "
         f"models {names}",
@@ -154,10 +155,9 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
     import redis
     from prometheus_client import start_http_server
 
-    from api.publish import Publisher
     from db.engine import make_engine, make_sessionmaker
+    from tffleet.broker import Publisher, make_celery
     from tffleet.settings import get_settings
-    from worker.app import celery_app
     from worker.sweeper import Sweeper
 
     settings = get_settings()
@@ -168,7 +168,7 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
     engine = make_engine(settings.database_url, pool_size=1)
-    sweeper = Sweeper(make_sessionmaker(engine), Publisher(celery_app), settings, client)
+    sweeper = Sweeper(make_sessionmaker(engine), Publisher(make_celery(settings)), settings, client)
     print(f"tffleet: sweeper, every {settings.sweep_interval_s:g}s", flush=True)
     try:
         sweeper.run(stop)

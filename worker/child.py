@@ -24,6 +24,7 @@ from db import jobs, presence
 from db.engine import make_engine, make_sessionmaker
 from tffleet import announcements
 from tffleet.announcements import EndedJob
+from tffleet.broker import Publisher
 from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.devices import Device, cpu_threads_per_child, parse_devices, pin_environment
 from tffleet.settings import get_settings
@@ -112,7 +113,6 @@ def init() -> None:
     # Before TensorFlow is imported: this child must see its own device and nothing else.
     os.environ.update(pin_environment(device, cpu_threads=threads))
 
-    from api.publish import Publisher
     from worker import runtime  # the first TensorFlow import in this process
     from worker.app import celery_app
 

@@ -56,7 +56,7 @@ LAST_SWEEP = Gauge(
 
 
 class Publisher(Protocol):
-    """What the sweeper needs of `api.publish.Publisher`."""
+    """What the sweeper needs of `tffleet.broker.Publisher`."""
 
     def publish(self, *, model: str, version: int, job_ids: Sequence[str]) -> bool: ...
 

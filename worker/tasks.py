@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 
+from tffleet.broker import RUN_BATCH_TASK
 from worker import child
-from worker.app import RUN_BATCH_TASK, celery_app
+from worker.app import celery_app
 from worker.batching import INFRA_ERRORS
 
 log = logging.getLogger(__name__)

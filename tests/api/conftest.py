@@ -29,11 +29,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
-from api.publish import Publisher
 from api.state import AppState
 from db import jobs, registry
 from db.models import Job
 from tffleet import tensors
+from tffleet.broker import Publisher
 from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.settings import Settings
 

@@ -27,8 +27,8 @@ from db.models import Job
 from tests.e2e.conftest import Fleet, PrivateRedis, clean_database
 from tests.e2e.models import build_mlp
 from tffleet import tensors
+from tffleet.broker import RUN_BATCH_TASK, make_celery, queue_for
 from tffleet.settings import Settings
-from worker.app import RUN_BATCH_TASK, make_celery, queue_for
 
 pytestmark = pytest.mark.slow
 

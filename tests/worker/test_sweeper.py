@@ -16,13 +16,12 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.publish import Publisher
 from db import jobs, presence
 from db.engine import make_engine, make_sessionmaker
 from db.models import Job, JobStatus, ModelPresence, PresenceState
+from tffleet.broker import Publisher, make_celery, queue_for
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
-from worker.app import make_celery, queue_for
 from worker.sweeper import Sweeper
 
 Sessions = sessionmaker[Session]

@@ -1,0 +1,105 @@
+"""The broker contract between the API and the workers: the one module both services import.
+
+What travels through Redis is a wake-up, never a job: a message names the task `run_batch`, a
+model version and job ids whose rows are already committed (JSON only). A message can be lost,
+repeated or late; the database, not the message, says what runs (DESIGN.md section 4).
+
+    api (Ingestor) ──Publisher.publish──▶ queue `tffleet.<model>` ──▶ worker child: run_batch
+    sweeper, worker child (hand-backs) ──Publisher.publish──┘
+
+Here: the task's name and argument order, the queue per model, the Celery app factory with the
+settings durability depends on, and the publisher. No Celery app is built at import: the API
+builds one in its lifespan, the worker in `worker.app`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+from celery import Celery
+
+from tffleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# The one task: run_batch(model: str, version: int, job_ids: list[str]) (worker/tasks.py).
+RUN_BATCH_TASK = "tffleet.run_batch"
+QUEUE_PREFIX = "tffleet."
+# What a worker consumes when its repository has no model, so that it still starts.
+DEFAULT_QUEUE = f"{QUEUE_PREFIX}default"
+
+# Fail fast when Redis is away: the job is already durable and the sweeper republishes it.
+PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
+
+
+def queue_for(model: str) -> str:
+    """One queue per model, so a worker can serve a subset of the fleet's models."""
+    return f"{QUEUE_PREFIX}{model}"
+
+
+def make_celery(settings: Settings, *, include: Iterable[str] = ()) -> Celery:
+    """A Celery app on the fleet's broker; `include` names the modules that define tasks (the
+    worker's), none for an app that only publishes."""
+    app = Celery("tffleet", broker=settings.broker_url, include=list(include))
+    app.conf.update(
+        # JSON only: a pickled message is refused, never executed.
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        # Results live in the database; Celery keeps none.
+        task_ignore_result=True,
+        result_backend=None,
+        # A message is acknowledged after its batch is written, and redelivered if the child dies.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        # A child loads and warms its models in worker_process_init; Celery must wait for it.
+        worker_proc_alive_timeout=settings.model_load_timeout_s,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        # A batch's own time limit (job_timeout_s) is kept by the child itself, which then ends
+        # (worker/batching.py). This is the last resort for a child stuck anywhere else (a
+        # database call that never returns): the pool kills it once Redis would hand its
+        # message to another worker anyway; its leases expire and the sweeper retries the jobs.
+        task_time_limit=settings.visibility_timeout_s,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        task_default_queue=DEFAULT_QUEUE,
+        worker_hijack_root_logger=False,
+        # Task events cost the main process about as much as the task itself; Flower switches
+        # them on when it connects (its `enable_events`), so they are off until someone looks.
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+    )
+    return app
+
+
+class Publisher:
+    """Wakes workers: publishes job ids to their model's queue, after their rows are committed."""
+
+    def __init__(self, celery: Celery) -> None:
+        self._celery = celery
+
+    def publish(self, *, model: str, version: int, job_ids: Sequence[str]) -> bool:
+        """Returns False (and logs) when the broker could not take the message."""
+        try:
+            self._celery.send_task(
+                RUN_BATCH_TASK,
+                args=[model, version, list(job_ids)],
+                queue=queue_for(model),
+                retry=True,
+                retry_policy=PUBLISH_RETRY_POLICY,
+            )
+        except Exception as exc:  # kombu raises many kinds; all mean "not published"
+            log.warning(
+                "publish of %d %s jobs failed (%s); they stay queued", len(job_ids), model, exc
+            )
+            return False
+        return True
+
+    def ping(self) -> None:
+        # One quick retry, no back-off: kombu's default first sleep is 2 s, longer than a probe's
+        # usual timeout, so a dead broker would time the probe out instead of answering 503.
+        with self._celery.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.1, timeout=2)
