@@ -28,8 +28,8 @@ import numpy as np
 import orjson
 
 from bench.rawhttp import Connection
+from tffleet.cli.process_group import ProcessGroup, free_port, wait_for_port
 from tffleet.devices import cpu_threads_per_child, parse_devices
-from tffleet.processes import ProcessGroup, free_port, wait_for_port
 
 MLP_IN, CNN_SHAPE = 1024, (64, 64, 3)
 
@@ -296,7 +296,7 @@ def cnn_load(fleet: Fleet, *, jobs: int, samples: int) -> Result:
 
 def sdk_bulk(fleet: Fleet, *, jobs: int) -> Result:
     """`submit_many` + `wait_all` of the Python client: one-sample MLP jobs."""
-    from tffleet.client import Client
+    from tffleet.client.sync import Client
 
     inputs = list(np.random.default_rng(3).normal(size=(jobs, 1, MLP_IN)).astype(np.float32))
     with Client(fleet.url) as client:

@@ -49,14 +49,14 @@ from tffleet import (
     ServiceUnavailable,
     TransportError,
     WaitTimeout,
-    client_errors,
     tensors,
 )
 from tffleet.cli import main
-from tffleet.client_job import FINISHED as CLIENT_FINISHED
-from tffleet.client_job import Job as ClientJob
+from tffleet.cli.process_group import free_port
+from tffleet.client import errors as client_errors
+from tffleet.client.job import FINISHED as CLIENT_FINISHED
+from tffleet.client.job import Job as ClientJob
 from tffleet.constants import JOBS_DONE_CHANNEL
-from tffleet.processes import free_port
 from tffleet.settings import Settings
 
 NO_WAIT = Retries(backoff_s=0)  # retries without back-off, for tests

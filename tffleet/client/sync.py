@@ -1,4 +1,5 @@
-"""A Python client of the tffleet HTTP API (contract v1), blocking; `tffleet.aio` has its twin.
+"""A Python client of the tffleet HTTP API (contract v1), blocking; `tffleet.client.aio` has its
+twin.
 
     with Client("http://127.0.0.1:8000") as client:
         job = client.submit("example", np.ones((2, 4), np.float32))
@@ -10,8 +11,8 @@
     jobs = client.submit_many("example", [x[i : i + 1] for i in range(len(x))])
     done = client.wait_all([job.id for job in jobs])  # a progress bar for many jobs on a TTY
 
-Errors are in `tffleet.client_errors` (root `ClientError`). What each method sends and how it
-reads the answers is in `tffleet.client_plans` and `tffleet.client_protocol`, shared with the
+Errors are in `tffleet.client.errors` (root `ClientError`). What each method sends and how it
+reads the answers is in `tffleet.client.plans` and `tffleet.client.protocol`, shared with the
 async client; this module only performs it.
 """
 
@@ -24,9 +25,9 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tffleet import client_plans as plans
-from tffleet.client_job import Job, ModelInfo
-from tffleet.client_protocol import USER_AGENT, Call, Plan, Retries, build_request
+from tffleet.client import plans
+from tffleet.client.job import Job, ModelInfo
+from tffleet.client.protocol import USER_AGENT, Call, Plan, Retries, build_request
 
 __all__ = ["Client", "Retries"]
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import httpx
 
-    from tffleet.client_job import Job
+    from tffleet.client.job import Job
 
 
 class ClientError(Exception):

@@ -1,10 +1,10 @@
 """The v1 HTTP contract without I/O, shared by `Client` and `AsyncClient`: one request.
 
-Each operation (`tffleet.client_plans`) is a *plan*: a generator that yields what to do next, a
+Each operation (`tffleet.client.plans`) is a *plan*: a generator that yields what to do next, a
 `Call` (one HTTP request) or a `Sleep`, and is sent the `httpx.Response` back (or has the
 transport's error thrown in). The two clients only drive plans, one blocking and one with
 `await`; every decision (what to send, retries, chunking, long-poll rounds, deadlines, reading
-the answers) is made once, here and in `client_plans`.
+the answers) is made once, here and in `plans`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import httpx
 import orjson
 
 from tffleet import __version__
-from tffleet.client_errors import (
+from tffleet.client.errors import (
     BY_STATUS,
     ConnectError,
     HTTPStatusError,

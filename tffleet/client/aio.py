@@ -3,7 +3,7 @@
     async with AsyncClient("http://127.0.0.1:8000") as client:
         outputs = await client.run("example", np.ones((1, 4), np.float32))
 
-It performs the same plans (`tffleet.client_plans`) as the blocking client, so the two send
+It performs the same plans (`tffleet.client.plans`) as the blocking client, so the two send
 the same requests and read the answers the same way.
 """
 
@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tffleet import client_plans as plans
-from tffleet.client import DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT_S
-from tffleet.client_job import Job, ModelInfo
-from tffleet.client_protocol import USER_AGENT, Call, Plan, Retries, build_request
+from tffleet.client import plans
+from tffleet.client.job import Job, ModelInfo
+from tffleet.client.protocol import USER_AGENT, Call, Plan, Retries, build_request
+from tffleet.client.sync import DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT_S
 
 __all__ = ["AsyncClient"]
 

@@ -1,0 +1,60 @@
+"""The Python SDK: what `from tffleet import Client` gives.
+
+    sync.py      Client: blocking calls over httpx
+    aio.py       AsyncClient: the same calls for asyncio
+    plans.py     what each call does, as sans-IO plans both clients drive
+    protocol.py  one HTTP exchange: requests, retries (`Retries`), responses to errors
+    job.py       Job, ModelInfo, TensorSpec: what the API answers, with tensors as NumPy
+    errors.py    the client's exceptions, under ClientError
+
+Everything here talks HTTP to the API; nothing imports the services (`api/`, `worker/`, `db/`).
+"""
+
+from tffleet.client.aio import AsyncClient
+from tffleet.client.errors import (
+    BadRequest,
+    ClientError,
+    Conflict,
+    ConnectError,
+    HTTPStatusError,
+    InvalidInput,
+    JobCanceled,
+    JobFailed,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolError,
+    ServiceUnavailable,
+    TooManyRequests,
+    TransportError,
+    UnsupportedMediaType,
+    WaitTimeout,
+)
+from tffleet.client.job import Job, JobError, ModelInfo, TensorSpec
+from tffleet.client.protocol import Retries
+from tffleet.client.sync import Client
+
+__all__ = [
+    "AsyncClient",
+    "BadRequest",
+    "Client",
+    "ClientError",
+    "Conflict",
+    "ConnectError",
+    "HTTPStatusError",
+    "InvalidInput",
+    "Job",
+    "JobCanceled",
+    "JobError",
+    "JobFailed",
+    "ModelInfo",
+    "NotFound",
+    "PayloadTooLarge",
+    "ProtocolError",
+    "Retries",
+    "ServiceUnavailable",
+    "TensorSpec",
+    "TooManyRequests",
+    "TransportError",
+    "UnsupportedMediaType",
+    "WaitTimeout",
+]
