@@ -1,0 +1,459 @@
+"""The Python client (`tffleet.Client`, `tffleet.AsyncClient`) on an `httpx.MockTransport`: what
+is sent, how answers and errors are read, chunking, retries. No server runs; a scripted handler
+(`Recorder`) answers. tests/client/test_against_api.py runs the clients against the real API.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+import tffleet
+from db.models import FINISHED
+from tests.client.fleet import NO_WAIT, samples
+from tffleet import (
+    AsyncClient,
+    Client,
+    ClientError,
+    Conflict,
+    ConnectError,
+    HTTPStatusError,
+    InvalidInput,
+    JobCanceled,
+    JobFailed,
+    NotFound,
+    ProtocolError,
+    Retries,
+    ServiceUnavailable,
+    TransportError,
+    WaitTimeout,
+    tensors,
+)
+from tffleet.client import errors as client_errors
+from tffleet.client.job import FINISHED as CLIENT_FINISHED
+from tffleet.client.job import Job as ClientJob
+
+# Unit tests: a scripted server on httpx.MockTransport
+
+
+def wire_job(job_id: str = "j1", status: str = "queued", **fields: Any) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "model": "double",
+        "version": 1,
+        "status": status,
+        "priority": 0,
+        "created_at": "2026-11-21T06:12:01.842612Z",
+        "started_at": None,
+        "finished_at": "2026-11-21T06:12:02Z" if status in CLIENT_FINISHED else None,
+        "attempts": 1 if status != "queued" else 0,
+        "error": None,
+        "outputs": None,
+        "worker": None,
+        **fields,
+    }
+
+
+def error_response(status: int, code: str, message: str) -> httpx.Response:
+    return httpx.Response(status, json={"error": {"code": code, "message": message}})
+
+
+class Recorder:
+    """A MockTransport handler: records each request, answers with `answer(request)`."""
+
+    def __init__(self, answer: Callable[[httpx.Request], httpx.Response]) -> None:
+        self.answer = answer
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return self.answer(request)
+
+    def bodies(self, path: str) -> list[Any]:
+        return [orjson.loads(r.content) for r in self.requests if r.url.path == path]
+
+    def client(self, **kwargs: Any) -> Client:
+        kwargs.setdefault("retries", NO_WAIT)
+        return Client("http://tffleet.test", transport=httpx.MockTransport(self), **kwargs)
+
+    def async_client(self, **kwargs: Any) -> AsyncClient:
+        kwargs.setdefault("retries", NO_WAIT)
+        return AsyncClient("http://tffleet.test", transport=httpx.MockTransport(self), **kwargs)
+
+
+def accept_submits(request: httpx.Request) -> httpx.Response:
+    body = orjson.loads(request.content)
+    if "jobs" in body:
+        return httpx.Response(
+            202, json={"jobs": [wire_job(f"j{i}") for i in range(len(body["jobs"]))]}
+        )
+    return httpx.Response(202, json=wire_job())
+
+
+def test_submit_sends_an_array_as_a_binary_envelope_and_lists_as_they_are() -> None:
+    server = Recorder(accept_submits)
+    x = samples(2)
+    with server.client() as client:
+        job = client.submit("double", x)
+        client.submit("pair", {"a": [[1, 2, 3]], "b": np.array([[4, 5]], np.int32)}, version=2)
+        client.submit("double", [[1, 2, 3, 4]], priority=-3)
+
+    assert job.id == "j1" and job.status == "queued" and not job.finished
+    first, second, third = server.bodies("/v1/jobs")
+    assert first == {"model": "double", "inputs": tensors.encode(x, encoding="b64")}
+    np.testing.assert_array_equal(tensors.decode(first["inputs"], dtype="float32"), x)
+    assert second["version"] == 2 and second["inputs"]["a"] == [[1, 2, 3]]
+    assert second["inputs"]["b"] == {
+        "b64": second["inputs"]["b"]["b64"],
+        "dtype": "int32",
+        "shape": [1, 2],
+    }
+    assert third == {"model": "double", "inputs": [[1, 2, 3, 4]], "priority": -3}
+    request = server.requests[0]
+    assert request.method == "POST" and request.headers["content-type"] == "application/json"
+    assert request.headers["user-agent"].startswith("tffleet-client/")
+
+
+@pytest.mark.parametrize(
+    ("count", "chunk_size", "requests"), [(4096, 256, 16), (1000, 256, 4), (3, 256, 1)]
+)
+def test_submit_many_sends_one_bulk_request_per_chunk_and_keeps_the_order(
+    count: int, chunk_size: int, requests: int
+) -> None:
+    server = Recorder(accept_submits)
+    with server.client() as client:
+        submitted = client.submit_many(
+            "double", [samples(1) + i for i in range(count)], chunk_size=chunk_size
+        )
+
+    bodies = server.bodies("/v1/jobs")
+    assert len(bodies) == requests == math.ceil(count / chunk_size)
+    assert [len(body["jobs"]) for body in bodies][:-1] == [chunk_size] * (requests - 1)
+    sent = [job for body in bodies for job in body["jobs"]]
+    assert len(sent) == len(submitted) == count
+    assert [tensors.decode(job["inputs"], dtype="float32")[0, 0] for job in sent] == [
+        samples(1)[0, 0] + i for i in range(count)
+    ]
+
+
+def test_submit_many_also_cuts_chunks_at_a_byte_budget() -> None:
+    server = Recorder(accept_submits)
+    with server.client() as client:
+        client.submit_many("double", [samples(64)] * 10, chunk_bytes=3000)  # ~1.4 kB a job
+    bodies = [r.content for r in server.requests]
+    assert [len(orjson.loads(b)["jobs"]) for b in bodies] == [2, 2, 2, 2, 2]
+    assert all(len(body) <= 3000 for body in bodies)
+
+
+def test_submit_many_refuses_a_chunk_size_the_api_would_not_take() -> None:
+    with Recorder(accept_submits).client() as client, pytest.raises(ValueError, match="chunk_size"):
+        client.submit_many("double", [samples(1)], chunk_size=10_001)
+
+
+@pytest.mark.parametrize(
+    ("message", "rebased"),
+    [
+        ("jobs[4]: inputs.x: expected dtype float32", "jobs[14]: inputs.x: expected dtype float32"),
+        (
+            "jobs.4.priority: too high; jobs.9.model: Field required",
+            "jobs.14.priority: too high; jobs.19.model: Field required",
+        ),
+    ],
+)
+def test_a_refused_chunk_counts_jobs_from_the_first_and_lists_the_ones_stored(
+    message: str, rebased: str
+) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if len(server.requests) == 2:
+            return error_response(422, "invalid_input", message)
+        return accept_submits(request)
+
+    server = Recorder(answer)
+    with server.client() as client, pytest.raises(InvalidInput) as caught:
+        client.submit_many("double", [samples(1)] * 30, chunk_size=10)
+    assert caught.value.message == rebased
+    assert len(caught.value.submitted) == 10 and caught.value.status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("status", "cls", "code"),
+    [
+        (400, client_errors.BadRequest, "malformed_request"),
+        (404, NotFound, "job_not_found"),
+        (409, Conflict, "job_finished"),
+        (413, client_errors.PayloadTooLarge, "payload_too_large"),
+        (415, client_errors.UnsupportedMediaType, "unsupported_media_type"),
+        (422, InvalidInput, "invalid_input"),
+        (429, client_errors.TooManyRequests, "queue_full"),
+        (503, ServiceUnavailable, "unavailable"),
+        (500, HTTPStatusError, "internal"),
+    ],
+)
+def test_an_error_answer_raises_the_class_of_its_status_with_code_and_message(
+    status: int, cls: type[HTTPStatusError], code: str
+) -> None:
+    server = Recorder(lambda _: error_response(status, code, "it is wrong here"))
+    with server.client(retries=Retries(attempts=0)) as client, pytest.raises(cls) as caught:
+        client.cancel("j1")
+    error = caught.value
+    assert type(error) is cls and isinstance(error, ClientError)
+    assert (error.status_code, error.code, error.message) == (status, code, "it is wrong here")
+    assert str(error) == f"{status} {code}: it is wrong here"
+
+
+def test_an_error_page_that_is_not_json_still_raises_with_its_status() -> None:
+    server = Recorder(lambda _: httpx.Response(502, text="<html>Bad Gateway</html>"))
+    with server.client() as client, pytest.raises(HTTPStatusError) as caught:
+        client.get("j1")
+    assert caught.value.status_code == 502 and caught.value.code == "http_error"
+    assert "Bad Gateway" in caught.value.message
+
+
+def test_an_answer_that_is_not_the_contract_raises_protocol_error() -> None:
+    not_json = Recorder(lambda _: httpx.Response(200, text="hello"))
+    with not_json.client() as client, pytest.raises(ProtocolError, match="not JSON"):
+        client.get("j1")
+    not_a_job = Recorder(lambda _: httpx.Response(200, json={"id": "j1"}))
+    with not_a_job.client() as client, pytest.raises(ProtocolError, match="not a job"):
+        client.get("j1")
+
+
+def flaky(failures: Sequence[Exception | int], then: httpx.Response) -> Recorder:
+    """Fails the first requests (raising, or answering a status), then answers `then`."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        n = len(server.requests) - 1
+        if n < len(failures):
+            failure = failures[n]
+            if isinstance(failure, Exception):
+                raise failure
+            return error_response(failure, "unavailable", "database unreachable; try again")
+        return then
+
+    server = Recorder(answer)
+    return server
+
+
+def test_reads_are_retried_after_connection_errors_and_503() -> None:
+    server = flaky(
+        [httpx.ConnectError("refused"), 503, httpx.ReadError("reset")],
+        httpx.Response(200, json=wire_job()),
+    )
+    with server.client() as client:
+        assert client.get("j1").id == "j1"
+    assert len(server.requests) == 4
+
+
+def test_retries_give_up_after_their_attempts_with_the_last_error() -> None:
+    server = flaky([503] * 10, httpx.Response(200, json=wire_job()))
+    retries = Retries(attempts=2, backoff_s=0)
+    with server.client(retries=retries) as client, pytest.raises(ServiceUnavailable):
+        client.wait("j1")
+    assert len(server.requests) == 3
+
+    server = flaky([httpx.ConnectError("refused")] * 10, httpx.Response(200, json=wire_job()))
+    retries = Retries(attempts=1, backoff_s=0)
+    with server.client(retries=retries) as client, pytest.raises(ConnectError) as caught:
+        client.models()
+    assert "refused" in str(caught.value)
+    assert isinstance(caught.value, TransportError) and len(server.requests) == 2
+
+
+def test_a_submit_is_sent_again_under_the_same_idempotency_key() -> None:
+    failures: list[Exception | int] = [
+        httpx.ConnectError("refused"),
+        httpx.ReadError("reset"),
+        503,
+        429,
+    ]
+    server = flaky(failures, httpx.Response(202, json=wire_job()))
+    with server.client(retries=Retries(attempts=4, backoff_s=0)) as client:
+        assert client.submit("double", [[1, 2, 3, 4]]).id == "j1"
+        client.submit("double", [[1, 2, 3, 4]])
+        client.submit("double", [[1, 2, 3, 4]], idempotency_key="order-1234")
+    keys = [request.headers["idempotency-key"] for request in server.requests]
+    assert len(keys) == 7 and len(set(keys[:5])) == 1  # the first submit, tried five times
+    assert keys[5] != keys[0] and keys[6] == "order-1234"
+
+
+def test_submit_many_gives_each_request_its_own_key_or_numbers_the_callers() -> None:
+    server = Recorder(accept_submits)
+    with server.client() as client:
+        client.submit_many("double", [[[1, 2, 3, 4]]] * 5, chunk_size=2)
+        client.submit_many("double", [[[1, 2, 3, 4]]] * 5, chunk_size=2, idempotency_key="run-7")
+    keys = [request.headers["idempotency-key"] for request in server.requests]
+    assert len(set(keys[:3])) == 3 and keys[3:] == ["run-7.0", "run-7.1", "run-7.2"]
+
+
+def test_retries_back_off_between_tries() -> None:
+    retries = Retries(attempts=5, backoff_s=0.1, max_backoff_s=0.3)
+    delays = [retries.delay_s(n) for n in range(5)]
+    assert 0.05 <= delays[0] <= 0.1 and all(0.15 <= d <= 0.3 for d in delays[2:])
+
+
+def test_wait_long_polls_in_rounds_with_a_read_timeout_above_the_hold() -> None:
+    answers = iter(
+        [wire_job(status="queued"), wire_job(status="running"), wire_job(status="succeeded")]
+    )
+    server = Recorder(lambda _: httpx.Response(200, json=next(answers)))
+    with server.client(timeout=5.0) as client:
+        job = client.wait("j1")
+    assert job.status == "succeeded" and job.finished and job.ok
+    assert len(server.requests) == 3
+    for request in server.requests:
+        assert request.method == "GET" and request.url.path == "/v1/jobs/j1"
+        assert dict(request.url.params) == {"encoding": "b64", "wait": "30.000"}
+        assert request.extensions["timeout"]["read"] == pytest.approx(35.0)
+        assert request.extensions["timeout"]["connect"] == pytest.approx(5.0)
+
+
+def test_wait_raises_wait_timeout_with_the_job_as_last_seen() -> None:
+    server = Recorder(lambda _: httpx.Response(200, json=wire_job(status="running")))
+    started = time.monotonic()
+    with server.client() as client, pytest.raises(WaitTimeout) as caught:
+        client.wait("j1", timeout=0.3)
+    assert 0.3 <= time.monotonic() - started < 2
+    assert isinstance(caught.value, TimeoutError)  # the builtin one too
+    assert [job.status for job in caught.value.jobs] == ["running"]
+    assert 0.2 < float(server.requests[0].url.params["wait"]) <= 0.3  # held no longer than left
+    assert len(server.requests) <= 0.3 / 0.05 + 2  # rounds paced, not a tight loop
+
+
+def status_server(rounds: dict[str, int]) -> Recorder:
+    """Bulk status: job `id` finishes on the `rounds[id]`th time it is read."""
+    seen: dict[str, int] = {}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        out = []
+        for job_id in orjson.loads(request.content)["ids"]:
+            seen[job_id] = seen.get(job_id, 0) + 1
+            done = seen[job_id] >= rounds[job_id]
+            y = {"y": tensors.encode(np.full((1, 4), len(job_id), np.float32), encoding="b64")}
+            out.append(
+                wire_job(job_id, "succeeded" if done else "running", outputs=y if done else None)
+            )
+        return httpx.Response(200, json={"jobs": out})
+
+    return Recorder(answer)
+
+
+def test_wait_all_rereads_only_the_unfinished_jobs_and_returns_them_in_order() -> None:
+    server = status_server({"a": 1, "bb": 3, "ccc": 2})
+    with server.client() as client:
+        done = client.wait_all(["ccc", "a", "bb", "a"])
+    assert [job.id for job in done] == ["ccc", "a", "bb", "a"]
+    assert all(job.ok for job in done)
+    assert [job.outputs["y"][0, 0] for job in done if job.outputs] == [3, 1, 2, 1]
+    assert [body["ids"] for body in server.bodies("/v1/jobs/status")] == [
+        ["ccc", "a", "bb"],
+        ["ccc", "bb"],
+        ["bb"],
+    ]
+    assert {body["encoding"] for body in server.bodies("/v1/jobs/status")} == {"b64"}
+
+
+def test_wait_all_reads_many_ids_in_chunks_and_holds_only_the_first() -> None:
+    ids = [f"job{i}" for i in range(2500)]
+    server = status_server(dict.fromkeys(ids, 1))
+    with server.client() as client:
+        assert len(client.wait_all(ids)) == 2500
+    bodies = server.bodies("/v1/jobs/status")
+    assert [len(body["ids"]) for body in bodies] == [1000, 1000, 500]
+    assert [body["wait"] for body in bodies] == [30.0, 0, 0]
+
+
+def test_wait_all_timeout_carries_every_job_as_last_seen() -> None:
+    server = status_server({"a": 1, "b": 10**6})
+    with server.client() as client, pytest.raises(WaitTimeout, match="1 of 2 jobs") as caught:
+        client.wait_all(["a", "b"], timeout=0.2)
+    assert [(job.id, job.status) for job in caught.value.jobs] == [
+        ("a", "succeeded"),
+        ("b", "running"),
+    ]
+
+
+def test_wait_all_shows_a_progress_bar_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    with status_server({"a": 1, "b": 2, "c": 2}).client() as client:
+        client.wait_all(["a", "b", "c"], progress=True)
+        assert "wait: 100%" in capsys.readouterr().err
+        client.wait_all(["a", "b", "c"])  # None: only on a terminal, for many jobs
+        assert capsys.readouterr().err == ""
+
+
+@pytest.mark.anyio
+async def test_the_async_client_sends_what_the_blocking_one_sends() -> None:
+    def shapes(server: Recorder) -> list[tuple[str, str, bytes]]:
+        return [(r.method, str(r.url), r.content) for r in server.requests]
+
+    batches = [samples(1) + i for i in range(600)]
+    blocking, awaited = Recorder(accept_submits), Recorder(accept_submits)
+    with blocking.client() as client:
+        client.submit_many("double", batches, chunk_size=250)
+        client.submit("pair", {"a": samples(1)[:, :3], "b": [[1, 2]]}, version=1, priority=2)
+    async with awaited.async_client() as aclient:
+        await aclient.submit_many("double", batches, chunk_size=250)
+        await aclient.submit("pair", {"a": samples(1)[:, :3], "b": [[1, 2]]}, version=1, priority=2)
+    assert shapes(blocking) == shapes(awaited) and len(blocking.requests) == 4
+
+    blocking, awaited = status_server({"a": 2, "b": 3}), status_server({"a": 2, "b": 3})
+    with blocking.client() as client:
+        expected = client.wait_all(["a", "b"])
+    async with awaited.async_client() as aclient:
+        got = await aclient.wait_all(["a", "b"])
+    assert shapes(blocking) == shapes(awaited)
+    assert [job.id for job in got] == [job.id for job in expected]
+
+
+@pytest.mark.anyio
+async def test_the_async_client_retries_and_maps_errors_the_same_way() -> None:
+    server = flaky([httpx.ConnectError("refused"), 503], httpx.Response(200, json=wire_job()))
+    async with server.async_client() as aclient:
+        assert (await aclient.get("j1")).id == "j1"
+    assert len(server.requests) == 3
+    async with Recorder(
+        lambda _: error_response(404, "job_not_found", "job 'x' not found")
+    ).async_client() as aclient:
+        with pytest.raises(NotFound, match="job 'x' not found"):
+            await aclient.get("x")
+
+
+def test_job_values_say_whether_they_finished_and_raise_for_their_error() -> None:
+    failed = ClientJob.from_wire(
+        wire_job(status="failed", error={"code": "model_error", "message": "bad shape"})
+    )
+    assert failed.finished and not failed.ok
+    with pytest.raises(JobFailed, match="model_error: bad shape") as caught:
+        failed.raise_for_error()
+    assert caught.value.job is failed
+    with pytest.raises(JobCanceled):
+        ClientJob.from_wire(wire_job(status="canceled")).raise_for_error()
+    queued = ClientJob.from_wire(wire_job())
+    assert queued.raise_for_error() is queued and not queued.finished
+    assert queued.created_at.tzinfo is not None
+    assert ClientJob.from_wire(orjson.loads(orjson.dumps(queued.to_dict()))) == queued
+
+
+def test_the_client_knows_the_same_finished_statuses_as_the_database() -> None:
+    assert {status.value for status in FINISHED} == CLIENT_FINISHED
+
+
+def test_importing_tffleet_stays_cheap() -> None:
+    code = (
+        "import sys, tffleet\n"
+        "heavy = {'httpx', 'numpy', 'sqlalchemy', 'tensorflow', 'api', 'worker', 'db', 'celery'}\n"
+        "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n"
+        "tffleet.Client, tffleet.AsyncClient, tffleet.InvalidInput\n"
+        "assert not {'tensorflow', 'api', 'worker', 'db', 'celery'} & set(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert tffleet.ClientError is client_errors.ClientError
+    assert set(tffleet.__all__) <= set(dir(tffleet))
