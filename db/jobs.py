@@ -11,13 +11,10 @@ write only where the lease still matches, so a stale or duplicate worker cannot 
 from __future__ import annotations
 
 import functools
-import os
-import threading
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -39,7 +36,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db.models import FINISHED, Job, JobInput, JobStatus, ModelPresence, PresenceState
+from db.clock import utcnow
+from db.ids import new_job_id
+from db.models import FINISHED, Job, JobErrorCode, JobInput, JobStatus, ModelPresence, PresenceState
 from tffleet.errors import (
     IdempotencyKeyReused,
     InvalidRequest,
@@ -51,52 +50,6 @@ from tffleet.errors import (
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
 _inputs: Table = JobInput.__table__  # type: ignore[assignment]
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-_id_lock = threading.Lock()
-_id_last = (0, 0)  # (unix ms, 74 random-or-counter bits) of the last id this process made
-
-
-def _reset_ids_after_fork() -> None:
-    # A forked child (Celery prefork, uvicorn workers) must not count on from its parent's last
-    # id, where its siblings would count too; nor inherit a lock another thread held at the fork.
-    global _id_lock, _id_last
-    _id_lock = threading.Lock()
-    _id_last = (0, 0)
-
-
-os.register_at_fork(after_in_child=_reset_ids_after_fork)
-
-
-def new_job_id() -> str:
-    """A UUIDv7: 48 bits of Unix milliseconds, then 74 bits that grow within a millisecond.
-
-    Ids sort by submission time, and within one process strictly by creation order (RFC 9562's
-    monotonic random: a new millisecond draws fresh randomness, the same one adds to the last),
-    so jobs submitted together keep their order wherever "age" means "id".
-    """
-    global _id_last
-    with _id_lock:
-        ms = time.time_ns() // 1_000_000
-        last_ms, last_tail = _id_last
-        if ms > last_ms:
-            tail = int.from_bytes(os.urandom(10), "big") >> 7  # 73 bits: room to count up
-        else:  # same millisecond, or the clock stepped back: stay after the last id
-            ms = last_ms
-            tail = last_tail + 1 + (int.from_bytes(os.urandom(4), "big") >> 8)
-            if tail >= 1 << 74:
-                ms, tail = ms + 1, int.from_bytes(os.urandom(10), "big") >> 7
-        _id_last = (ms, tail)
-    value = (ms & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76  # version 7
-    value |= (tail >> 62) << 64  # 12 bits (rand_a)
-    value |= 0x2 << 62  # RFC 4122 variant
-    value |= tail & ((1 << 62) - 1)  # 62 bits (rand_b)
-    return str(uuid.UUID(int=value))
 
 
 @dataclass(frozen=True)
@@ -580,7 +533,7 @@ def complete(
     )
 
 
-def fail(*, session: Session, leases: Sequence[Lease], code: str, message: str) -> int:
+def fail(*, session: Session, leases: Sequence[Lease], code: JobErrorCode, message: str) -> int:
     """End held jobs `failed` with an error code; returns how many were."""
     if not leases:
         return 0
@@ -588,7 +541,7 @@ def fail(*, session: Session, leases: Sequence[Lease], code: str, message: str) 
         session,
         _fenced_statement(
             status=JobStatus.FAILED.value,
-            error_code=code,
+            error_code=JobErrorCode(code).value,
             error_message=message,
             finished_at=utcnow(),
             lease_owner=None,
@@ -684,7 +637,7 @@ def expire_leases(
             .where(_jobs.c.id.in_(ids), _jobs.c.attempts == attempts, *expired)
             .values(
                 status=JobStatus.FAILED.value,
-                error_code="worker_lost",
+                error_code=JobErrorCode.WORKER_LOST.value,
                 error_message=(
                     f"worker lost {attempts} times: each attempt's lease expired without a "
                     f"result (TFFLEET_MAX_ATTEMPTS={max_attempts})"
