@@ -1,11 +1,30 @@
-"""Every change of a job's state, in one place.
+"""Every change of a job's state, in one place, in the order of a job's life.
 
-    queued ──claim──▶ running ──complete──▶ succeeded
-      │                 │ └─────fail─────▶ failed
-      └────cancel───────┴────cancel──────▶ canceled
+                     ┌──────────── release, expire_leases ────────────┐
+                     ▼                                                 │
+    create ──▶ queued ───claim───▶ running ───complete───▶ succeeded   │
+                 │                   │ ├────────fail─────▶ failed      │
+                 │                   │ ├──expire_leases──▶ failed      │
+                 │                   │ └───────────────────────────────┘
+                 └──────cancel───────┴────────cancel─────▶ canceled
 
-`claim` is a compare-and-set that records a lease (owner, attempt, expiry); `complete` and `fail`
-write only where the lease still matches, so a stale or duplicate worker cannot overwrite a result.
+    succeeded, failed, canceled ──purge_finished (past their retention)──▶ deleted
+
+- create: `queued` rows, committed before any wake-up is published (Create).
+- claim: a compare-and-set, queued -> running, that records a lease (owner, attempt, expiry)
+  and counts an attempt. A job claimed before runs alone (Claim, Isolation).
+- heartbeat: extends a lease while its batch runs (Heartbeat).
+- complete, fail, release: write only where the lease still matches (owner and attempt), so a
+  stale or duplicate worker cannot overwrite a result; `fail` ends it with a `JobErrorCode`,
+  `release` hands it back to the queue after a fault that is not the job's (End).
+- cancel: any unfinished job; a running job's late result is then fenced out (Cancel).
+- expire_leases: the sweeper takes back jobs whose lease ran out: `queued` again, or `failed`
+  (`worker_lost`) once they used their attempt budget; stale_queued and mark_published find and
+  record lost wake-ups (Sweep).
+- stamp_expiry, purge_finished: ended jobs past their retention are deleted (Purge).
+- Reads for the API and the workers come last (Reads).
+
+worker/retry.py maps which of these paths make a job run again.
 """
 
 from __future__ import annotations
@@ -52,6 +71,9 @@ _jobs: Table = Job.__table__  # type: ignore[assignment]
 _inputs: Table = JobInput.__table__  # type: ignore[assignment]
 
 
+# ─── Shapes ───────────────────────────────────────────────────────────────────────────────────────
+
+
 @dataclass(frozen=True)
 class NewJob:
     model: str
@@ -90,6 +112,19 @@ class Lease:
     inputs: bytes
     created_at: datetime | None = None  # for the queue-wait metric
     started_at: datetime | None = None  # as stored by the claim
+
+
+_QUEUED = _jobs.c.status == JobStatus.QUEUED.value
+_NEVER_CLAIMED = _jobs.c.attempts == 0
+
+
+_UNFINISHED = _jobs.c.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value])
+
+
+_ENDED_ON_ITS_OWN = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})
+
+
+# ─── Create ───────────────────────────────────────────────────────────────────────────────────────
 
 
 def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
@@ -220,104 +255,7 @@ def _insert_unless_key_taken(session: Session) -> Any:
     raise NotImplementedError(f"idempotent submit is not implemented for {dialect}")
 
 
-def count_queued(*, session: Session) -> int:
-    """How many jobs wait for a worker (a count over the index `ix_jobs_status_id`)."""
-    query = select(func.count()).select_from(_jobs).where(_jobs.c.status == JobStatus.QUEUED.value)
-    return int(session.scalar(query) or 0)
-
-
-_UNFINISHED = _jobs.c.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value])
-
-
-def count_unfinished(*, session: Session) -> dict[tuple[str, int], dict[str, int]]:
-    """Queued and running jobs per model version: {(model, version): {status: count}}."""
-    rows = session.execute(
-        select(_jobs.c.model, _jobs.c.version, _jobs.c.status, func.count())
-        .where(_UNFINISHED)
-        .group_by(_jobs.c.model, _jobs.c.version, _jobs.c.status)
-    ).all()
-    counts: dict[tuple[str, int], dict[str, int]] = {}
-    for model, version, status, count in rows:
-        counts.setdefault((model, version), {})[status] = int(count)
-    return counts
-
-
-def has_unfinished(*, session: Session, model: str, version: int) -> bool:
-    """Whether a job of this model version is still queued or running (a version drains)."""
-    query = (
-        select(_jobs.c.id)
-        .where(_jobs.c.model == model, _jobs.c.version == version, _UNFINISHED)
-        .limit(1)
-    )
-    return session.scalar(query) is not None
-
-
-def queued_ids(
-    *,
-    session: Session,
-    model: str,
-    version: int,
-    among: Sequence[str] | None = None,
-    limit: int = 1000,
-) -> list[str]:
-    """Ids of queued jobs of one model version (only those `among` the given ids), oldest first."""
-    query = select(_jobs.c.id).where(_jobs.c.model == model, _jobs.c.version == version, _QUEUED)
-    if among is not None:
-        query = query.where(_jobs.c.id.in_(list(among)))
-    return list(session.scalars(query.order_by(_jobs.c.id).limit(limit)))
-
-
-def get(*, session: Session, job_id: str) -> Job:
-    # The state machine changes rows with Core UPDATEs, which do not touch objects this session
-    # already holds: always read the row, never a stale object from the identity map.
-    job = session.get(Job, job_id, populate_existing=True)
-    if job is None:
-        raise JobNotFound(f"job {job_id!r} not found")
-    return job
-
-
-_FETCH = select(_jobs).where(_jobs.c.id.in_(bindparam("ids", expanding=True)))
-
-
-def fetch(*, session: Session, job_ids: Sequence[str]) -> dict[str, Row[Any]]:
-    """Jobs by id (outputs included; inputs live in `job_inputs`), as plain rows: a poll's read."""
-    if not job_ids:
-        return {}
-    return {row.id: row for row in session.execute(_FETCH, {"ids": list(job_ids)})}
-
-
-def get_many(*, session: Session, job_ids: Sequence[str]) -> list[Job]:
-    query = select(Job).where(Job.id.in_(job_ids)).execution_options(populate_existing=True)
-    return list(session.scalars(query))
-
-
-def list_jobs(
-    *,
-    session: Session,
-    status: JobStatus | None = None,
-    model: str | None = None,
-    limit: int = 50,
-    cursor: str | None = None,
-) -> tuple[list[Job], str | None]:
-    """Newest first. `cursor` is the `next_cursor` of the previous page (the last id it held)."""
-    if limit < 1:
-        raise InvalidRequest(f"limit: must be at least 1, got {limit}")
-    query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
-    if status is not None:
-        query = query.where(Job.status == status.value)
-    if model is not None:
-        query = query.where(Job.model == model)
-    if cursor is not None:
-        try:
-            # Ids compare as strings: "{...}", upper case or unhyphenated spellings of the same
-            # UUID would page from the wrong place, so compare the canonical form.
-            canonical = str(uuid.UUID(cursor))
-        except ValueError:
-            raise InvalidRequest(f"cursor: {cursor!r} is not a cursor this API returned") from None
-        query = query.where(Job.id < canonical)
-    jobs = list(session.scalars(query))
-    next_cursor = jobs[limit - 1].id if len(jobs) > limit else None
-    return jobs[:limit], next_cursor
+# ─── Claim ────────────────────────────────────────────────────────────────────────────────────────
 
 
 @functools.cache
@@ -404,10 +342,6 @@ def claim(
     return sorted(leases, key=lambda lease: order[lease.job_id])
 
 
-_QUEUED = _jobs.c.status == JobStatus.QUEUED.value
-_NEVER_CLAIMED = _jobs.c.attempts == 0
-
-
 @functools.cache
 def _candidates_statement(*, fresh_only: bool) -> Select[tuple[str, int]]:
     return (
@@ -466,6 +400,83 @@ def claim_next(
     return sorted(leases, key=lambda lease: rank[lease.job_id])
 
 
+# ─── Isolation ────────────────────────────────────────────────────────────────────────────────────
+# A job claimed before that did not end (its worker died, its batch ran past its time
+# limit, its result could not be written) may be what went wrong: from then on it runs alone, so a
+# job that crashes its worker costs no other job an attempt. `attempts > 0` on a queued job marks
+# it. The choice holds when the rows move: `claim_named` puts it in the UPDATE itself; the others
+# choose with SELECT ... FOR UPDATE before `_claim_ids` moves the rows (PostgreSQL; SQLite
+# serializes writers).
+
+
+@dataclass(frozen=True)
+class NamedClaim:
+    leases: list[Lease]  # the named jobs never claimed before, now claimed, in the order named
+    retried: list[str]  # the named jobs claimed before and queued again: for `claim_retried`
+
+
+def claim_named(
+    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
+) -> NamedClaim:
+    """`claim` for the named jobs never claimed before; the others are only reported.
+
+    One UPDATE when every named job is fresh and queued (the usual case); a SELECT more for
+    the ones it left.
+    """
+    leases = _claim_ids(
+        session=session,
+        job_ids=job_ids,
+        owner=owner,
+        lease_s=lease_s,
+        worker=worker or owner,
+        fresh_only=True,
+    )
+    order = {job_id: i for i, job_id in enumerate(job_ids)}
+    leases.sort(key=lambda lease: order[lease.job_id])
+    retried: list[str] = []
+    if len(leases) < len(set(job_ids)):
+        claimed = {lease.job_id for lease in leases}
+        rest = [job_id for job_id in job_ids if job_id not in claimed]
+        retried = list(
+            session.scalars(
+                select(_jobs.c.id)
+                .where(_jobs.c.id.in_(rest), _QUEUED, _jobs.c.attempts > 0)
+                .order_by(_jobs.c.id)
+            )
+        )
+    return NamedClaim(leases=leases, retried=retried)
+
+
+def claim_next_fresh(**kwargs: Any) -> list[Lease]:
+    """`claim_next` for jobs never claimed before: what tops a batch up (a job lost once runs
+    alone, see `claim_retried`)."""
+    return claim_next(**kwargs, fresh_only=True)
+
+
+def claim_retried(
+    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
+) -> Lease | None:
+    """Claim one of the named queued jobs that were claimed before (the oldest), to run alone."""
+    if not job_ids:
+        return None
+    job_id = session.scalars(
+        select(_jobs.c.id)
+        .where(_jobs.c.id.in_(job_ids), _QUEUED, _jobs.c.attempts > 0)
+        .order_by(_jobs.c.id)
+        .limit(1)
+        .with_for_update()
+    ).first()
+    if job_id is None:
+        return None
+    leases = _claim_ids(
+        session=session, job_ids=[job_id], owner=owner, lease_s=lease_s, worker=worker or owner
+    )
+    return leases[0] if leases else None
+
+
+# ─── Heartbeat ────────────────────────────────────────────────────────────────────────────────────
+
+
 def _fenced() -> ColumnElement[bool]:
     return and_(
         _jobs.c.id == bindparam("b_id"),
@@ -503,6 +514,9 @@ def heartbeat(*, session: Session, leases: Sequence[Lease], lease_s: float) -> i
         _fenced_statement(lease_expires_at=bindparam("b_expires")),
         [_fence(lease, b_expires=expires) for lease in leases],
     )
+
+
+# ─── End ──────────────────────────────────────────────────────────────────────────────────────────
 
 
 @functools.cache
@@ -562,6 +576,9 @@ def release(*, session: Session, leases: Sequence[Lease]) -> int:
     )
 
 
+# ─── Cancel ───────────────────────────────────────────────────────────────────────────────────────
+
+
 def cancel(*, session: Session, job_id: str) -> Job:
     """Cancel a queued or running job. A running job's late result is then fenced out."""
     result = session.execute(
@@ -585,11 +602,10 @@ def cancel(*, session: Session, job_id: str) -> Job:
     return job
 
 
-_ENDED_ON_ITS_OWN = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})
-
-
+# ─── Sweep ────────────────────────────────────────────────────────────────────────────────────────
 # The sweeper's side of the state machine: leases whose worker vanished, wake-ups that were lost,
 # results past their retention.
+
 
 JobGroups = dict[tuple[str, int], list[str]]
 """Job ids by (model, version): what one wake-up message can name."""
@@ -703,6 +719,9 @@ def mark_published(*, session: Session, job_ids: Sequence[str], at: datetime) ->
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
+# ─── Purge ────────────────────────────────────────────────────────────────────────────────────────
+
+
 def stamp_expiry(*, session: Session, limit: int) -> int:
     """Give ended jobs that have a `ttl_s` of their own their `expires_at`; returns how many.
 
@@ -756,74 +775,101 @@ def purge_finished(
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-# Isolation. A job claimed before that did not end (its worker died, its batch ran past its time
-# limit, its result could not be written) may be what went wrong: from then on it runs alone, so a
-# job that crashes its worker costs no other job an attempt. `attempts > 0` on a queued job marks
-# it. The choice holds when the rows move: `claim_named` puts it in the UPDATE itself; the others
-# choose with SELECT ... FOR UPDATE before `_claim_ids` moves the rows (PostgreSQL; SQLite
-# serializes writers).
+# ─── Reads ────────────────────────────────────────────────────────────────────────────────────────
 
 
-@dataclass(frozen=True)
-class NamedClaim:
-    leases: list[Lease]  # the named jobs never claimed before, now claimed, in the order named
-    retried: list[str]  # the named jobs claimed before and queued again: for `claim_retried`
+def count_queued(*, session: Session) -> int:
+    """How many jobs wait for a worker (a count over the index `ix_jobs_status_id`)."""
+    query = select(func.count()).select_from(_jobs).where(_jobs.c.status == JobStatus.QUEUED.value)
+    return int(session.scalar(query) or 0)
 
 
-def claim_named(
-    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
-) -> NamedClaim:
-    """`claim` for the named jobs never claimed before; the others are only reported.
-
-    One UPDATE when every named job is fresh and queued (the usual case); a SELECT more for
-    the ones it left.
-    """
-    leases = _claim_ids(
-        session=session,
-        job_ids=job_ids,
-        owner=owner,
-        lease_s=lease_s,
-        worker=worker or owner,
-        fresh_only=True,
-    )
-    order = {job_id: i for i, job_id in enumerate(job_ids)}
-    leases.sort(key=lambda lease: order[lease.job_id])
-    retried: list[str] = []
-    if len(leases) < len(set(job_ids)):
-        claimed = {lease.job_id for lease in leases}
-        rest = [job_id for job_id in job_ids if job_id not in claimed]
-        retried = list(
-            session.scalars(
-                select(_jobs.c.id)
-                .where(_jobs.c.id.in_(rest), _QUEUED, _jobs.c.attempts > 0)
-                .order_by(_jobs.c.id)
-            )
-        )
-    return NamedClaim(leases=leases, retried=retried)
+def count_unfinished(*, session: Session) -> dict[tuple[str, int], dict[str, int]]:
+    """Queued and running jobs per model version: {(model, version): {status: count}}."""
+    rows = session.execute(
+        select(_jobs.c.model, _jobs.c.version, _jobs.c.status, func.count())
+        .where(_UNFINISHED)
+        .group_by(_jobs.c.model, _jobs.c.version, _jobs.c.status)
+    ).all()
+    counts: dict[tuple[str, int], dict[str, int]] = {}
+    for model, version, status, count in rows:
+        counts.setdefault((model, version), {})[status] = int(count)
+    return counts
 
 
-def claim_next_fresh(**kwargs: Any) -> list[Lease]:
-    """`claim_next` for jobs never claimed before: what tops a batch up (a job lost once runs
-    alone, see `claim_retried`)."""
-    return claim_next(**kwargs, fresh_only=True)
-
-
-def claim_retried(
-    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
-) -> Lease | None:
-    """Claim one of the named queued jobs that were claimed before (the oldest), to run alone."""
-    if not job_ids:
-        return None
-    job_id = session.scalars(
+def has_unfinished(*, session: Session, model: str, version: int) -> bool:
+    """Whether a job of this model version is still queued or running (a version drains)."""
+    query = (
         select(_jobs.c.id)
-        .where(_jobs.c.id.in_(job_ids), _QUEUED, _jobs.c.attempts > 0)
-        .order_by(_jobs.c.id)
+        .where(_jobs.c.model == model, _jobs.c.version == version, _UNFINISHED)
         .limit(1)
-        .with_for_update()
-    ).first()
-    if job_id is None:
-        return None
-    leases = _claim_ids(
-        session=session, job_ids=[job_id], owner=owner, lease_s=lease_s, worker=worker or owner
     )
-    return leases[0] if leases else None
+    return session.scalar(query) is not None
+
+
+def queued_ids(
+    *,
+    session: Session,
+    model: str,
+    version: int,
+    among: Sequence[str] | None = None,
+    limit: int = 1000,
+) -> list[str]:
+    """Ids of queued jobs of one model version (only those `among` the given ids), oldest first."""
+    query = select(_jobs.c.id).where(_jobs.c.model == model, _jobs.c.version == version, _QUEUED)
+    if among is not None:
+        query = query.where(_jobs.c.id.in_(list(among)))
+    return list(session.scalars(query.order_by(_jobs.c.id).limit(limit)))
+
+
+def get(*, session: Session, job_id: str) -> Job:
+    # The state machine changes rows with Core UPDATEs, which do not touch objects this session
+    # already holds: always read the row, never a stale object from the identity map.
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise JobNotFound(f"job {job_id!r} not found")
+    return job
+
+
+_FETCH = select(_jobs).where(_jobs.c.id.in_(bindparam("ids", expanding=True)))
+
+
+def fetch(*, session: Session, job_ids: Sequence[str]) -> dict[str, Row[Any]]:
+    """Jobs by id (outputs included; inputs live in `job_inputs`), as plain rows: a poll's read."""
+    if not job_ids:
+        return {}
+    return {row.id: row for row in session.execute(_FETCH, {"ids": list(job_ids)})}
+
+
+def get_many(*, session: Session, job_ids: Sequence[str]) -> list[Job]:
+    query = select(Job).where(Job.id.in_(job_ids)).execution_options(populate_existing=True)
+    return list(session.scalars(query))
+
+
+def list_jobs(
+    *,
+    session: Session,
+    status: JobStatus | None = None,
+    model: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> tuple[list[Job], str | None]:
+    """Newest first. `cursor` is the `next_cursor` of the previous page (the last id it held)."""
+    if limit < 1:
+        raise InvalidRequest(f"limit: must be at least 1, got {limit}")
+    query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    if status is not None:
+        query = query.where(Job.status == status.value)
+    if model is not None:
+        query = query.where(Job.model == model)
+    if cursor is not None:
+        try:
+            # Ids compare as strings: "{...}", upper case or unhyphenated spellings of the same
+            # UUID would page from the wrong place, so compare the canonical form.
+            canonical = str(uuid.UUID(cursor))
+        except ValueError:
+            raise InvalidRequest(f"cursor: {cursor!r} is not a cursor this API returned") from None
+        query = query.where(Job.id < canonical)
+    jobs = list(session.scalars(query))
+    next_cursor = jobs[limit - 1].id if len(jobs) > limit else None
+    return jobs[:limit], next_cursor
