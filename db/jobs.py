@@ -1,23 +1,39 @@
-"""Every change of a job's state, in one place.
+"""Every change of a job's state, in one place, in the order of a job's life.
 
-    queued ──claim──▶ running ──complete──▶ succeeded
-      │                 │ └─────fail─────▶ failed
-      └────cancel───────┴────cancel──────▶ canceled
+                     ┌──────────── release, expire_leases ────────────┐
+                     ▼                                                 │
+    create ──▶ queued ───claim───▶ running ───complete───▶ succeeded   │
+                 │                   │ ├────────fail─────▶ failed      │
+                 │                   │ ├──expire_leases──▶ failed      │
+                 │                   │ └───────────────────────────────┘
+                 └──────cancel───────┴────────cancel─────▶ canceled
 
-`claim` is a compare-and-set that records a lease (owner, attempt, expiry); `complete` and `fail`
-write only where the lease still matches, so a stale or duplicate worker cannot overwrite a result.
+    succeeded, failed, canceled ──purge_finished (past their retention)──▶ deleted
+
+- create: `queued` rows, committed before any wake-up is published (Create).
+- claim: a compare-and-set, queued -> running, that records a lease (owner, attempt, expiry)
+  and counts an attempt. A job claimed before runs alone (Claim, Isolation).
+- heartbeat: extends a lease while its batch runs (Heartbeat).
+- complete, fail, release: write only where the lease still matches (owner and attempt), so a
+  stale or duplicate worker cannot overwrite a result; `fail` ends it with a `JobErrorCode`,
+  `release` hands it back to the queue after a fault that is not the job's (End).
+- cancel: any unfinished job; a running job's late result is then fenced out (Cancel).
+- expire_leases: the sweeper takes back jobs whose lease ran out: `queued` again, or `failed`
+  (`worker_lost`) once they used their attempt budget; stale_queued and mark_published find and
+  record lost wake-ups (Sweep).
+- stamp_expiry, purge_finished: ended jobs past their retention are deleted (Purge).
+- Reads for the API and the workers come last (Reads).
+
+worker/retry.py maps which of these paths make a job run again.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import threading
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -39,7 +55,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db.models import FINISHED, Job, JobInput, JobStatus, ModelPresence, PresenceState
+from db.clock import utcnow
+from db.ids import new_job_id
+from db.models import FINISHED, Job, JobErrorCode, JobInput, JobStatus, ModelPresence, PresenceState
 from tffleet.errors import (
     IdempotencyKeyReused,
     InvalidRequest,
@@ -53,50 +71,7 @@ _jobs: Table = Job.__table__  # type: ignore[assignment]
 _inputs: Table = JobInput.__table__  # type: ignore[assignment]
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-_id_lock = threading.Lock()
-_id_last = (0, 0)  # (unix ms, 74 random-or-counter bits) of the last id this process made
-
-
-def _reset_ids_after_fork() -> None:
-    # A forked child (Celery prefork, uvicorn workers) must not count on from its parent's last
-    # id, where its siblings would count too; nor inherit a lock another thread held at the fork.
-    global _id_lock, _id_last
-    _id_lock = threading.Lock()
-    _id_last = (0, 0)
-
-
-os.register_at_fork(after_in_child=_reset_ids_after_fork)
-
-
-def new_job_id() -> str:
-    """A UUIDv7: 48 bits of Unix milliseconds, then 74 bits that grow within a millisecond.
-
-    Ids sort by submission time, and within one process strictly by creation order (RFC 9562's
-    monotonic random: a new millisecond draws fresh randomness, the same one adds to the last),
-    so jobs submitted together keep their order wherever "age" means "id".
-    """
-    global _id_last
-    with _id_lock:
-        ms = time.time_ns() // 1_000_000
-        last_ms, last_tail = _id_last
-        if ms > last_ms:
-            tail = int.from_bytes(os.urandom(10), "big") >> 7  # 73 bits: room to count up
-        else:  # same millisecond, or the clock stepped back: stay after the last id
-            ms = last_ms
-            tail = last_tail + 1 + (int.from_bytes(os.urandom(4), "big") >> 8)
-            if tail >= 1 << 74:
-                ms, tail = ms + 1, int.from_bytes(os.urandom(10), "big") >> 7
-        _id_last = (ms, tail)
-    value = (ms & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76  # version 7
-    value |= (tail >> 62) << 64  # 12 bits (rand_a)
-    value |= 0x2 << 62  # RFC 4122 variant
-    value |= tail & ((1 << 62) - 1)  # 62 bits (rand_b)
-    return str(uuid.UUID(int=value))
+# ─── Shapes ───────────────────────────────────────────────────────────────────────────────────────
 
 
 @dataclass(frozen=True)
@@ -137,6 +112,19 @@ class Lease:
     inputs: bytes
     created_at: datetime | None = None  # for the queue-wait metric
     started_at: datetime | None = None  # as stored by the claim
+
+
+_QUEUED = _jobs.c.status == JobStatus.QUEUED.value
+_NEVER_CLAIMED = _jobs.c.attempts == 0
+
+
+_UNFINISHED = _jobs.c.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value])
+
+
+_ENDED_ON_ITS_OWN = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})
+
+
+# ─── Create ───────────────────────────────────────────────────────────────────────────────────────
 
 
 def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
@@ -267,13 +255,533 @@ def _insert_unless_key_taken(session: Session) -> Any:
     raise NotImplementedError(f"idempotent submit is not implemented for {dialect}")
 
 
+# ─── Claim ────────────────────────────────────────────────────────────────────────────────────────
+
+
+@functools.cache
+def _claim_statement(*, fresh_only: bool) -> Update:
+    """The compare-and-set that claims jobs: only rows still queued (and, `fresh_only`, never
+    claimed) move, so of two racing claimers exactly one wins each job (PostgreSQL re-checks
+    the WHERE after a concurrent update; SQLite serializes writers). Built once: building a
+    statement costs more than running it."""
+    where = [_jobs.c.id.in_(bindparam("c_ids", expanding=True)), _QUEUED]
+    if fresh_only:
+        where.append(_NEVER_CLAIMED)
+    return (
+        update(_jobs)
+        .where(*where)
+        .values(
+            status=JobStatus.RUNNING.value,
+            attempts=_jobs.c.attempts + 1,
+            lease_owner=bindparam("c_owner"),
+            lease_expires_at=bindparam("c_expires"),
+            worker=bindparam("c_worker"),
+            started_at=bindparam("c_now"),
+        )
+        .returning(
+            _jobs.c.id, _jobs.c.attempts, _jobs.c.samples, _jobs.c.priority, _jobs.c.created_at
+        )
+    )
+
+
+_SELECT_INPUTS = select(_inputs.c.job_id, _inputs.c.data).where(
+    _inputs.c.job_id.in_(bindparam("c_ids", expanding=True))
+)
+
+
+def _claim_ids(
+    *,
+    session: Session,
+    job_ids: Sequence[str],
+    owner: str,
+    lease_s: float,
+    worker: str,
+    fresh_only: bool = False,
+) -> list[Lease]:
+    if not job_ids:
+        return []
+    now = utcnow()
+    rows = session.execute(
+        _claim_statement(fresh_only=fresh_only),
+        {
+            "c_ids": list(job_ids),
+            "c_owner": owner,
+            "c_expires": now + timedelta(seconds=lease_s),
+            "c_worker": worker,
+            "c_now": now,
+        },
+    ).all()
+    inputs: dict[str, bytes] = (
+        dict(session.execute(_SELECT_INPUTS, {"c_ids": [row.id for row in rows]}).all())
+        if rows
+        else {}
+    )
+    return [
+        Lease(
+            job_id=row.id,
+            owner=owner,
+            attempt=row.attempts,
+            samples=row.samples,
+            priority=row.priority,
+            inputs=inputs.get(row.id, b""),
+            created_at=row.created_at,
+            started_at=now,
+        )
+        for row in rows
+    ]
+
+
+def claim(
+    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
+) -> list[Lease]:
+    """Claim the named jobs that are still queued; the others are skipped (taken or ended)."""
+    leases = _claim_ids(
+        session=session, job_ids=job_ids, owner=owner, lease_s=lease_s, worker=worker or owner
+    )
+    order = {job_id: i for i, job_id in enumerate(job_ids)}
+    return sorted(leases, key=lambda lease: order[lease.job_id])
+
+
+@functools.cache
+def _candidates_statement(*, fresh_only: bool) -> Select[tuple[str, int]]:
+    return (
+        select(_jobs.c.id, _jobs.c.samples)
+        .where(
+            _jobs.c.model == bindparam("n_model"),
+            _jobs.c.version == bindparam("n_version"),
+            _QUEUED,
+            *([_NEVER_CLAIMED] if fresh_only else []),
+        )
+        .order_by(_jobs.c.priority.desc(), _jobs.c.id)
+        .limit(bindparam("n_limit"))
+        .with_for_update(skip_locked=True)
+    )
+
+
+def claim_next(
+    *,
+    session: Session,
+    model: str,
+    version: int,
+    owner: str,
+    lease_s: float,
+    max_samples: int,
+    worker: str = "",
+    take_oversized: bool = True,
+    fresh_only: bool = False,
+) -> list[Lease]:
+    """Claim queued jobs of one model version, by priority then age, up to `max_samples` samples.
+
+    A job larger than `max_samples` is taken only alone (the worker runs it in chunks), and only
+    with `take_oversized` (a caller that already holds jobs passes False: it has room for less).
+    With `fresh_only`, only jobs never claimed before.
+    """
+    if max_samples <= 0:
+        return []
+    candidates = session.execute(
+        _candidates_statement(fresh_only=fresh_only),
+        {"n_model": model, "n_version": version, "n_limit": max_samples},
+    ).all()
+    chosen: list[str] = []
+    room = max_samples
+    for row in candidates:
+        if row.samples <= room:
+            chosen.append(row.id)
+            room -= row.samples
+        elif not chosen and take_oversized:
+            chosen.append(row.id)
+            break
+        if room == 0:
+            break
+    leases = _claim_ids(
+        session=session, job_ids=chosen, owner=owner, lease_s=lease_s, worker=worker or owner
+    )
+    rank = {job_id: i for i, job_id in enumerate(chosen)}
+    return sorted(leases, key=lambda lease: rank[lease.job_id])
+
+
+# ─── Isolation ────────────────────────────────────────────────────────────────────────────────────
+# A job claimed before that did not end (its worker died, its batch ran past its time
+# limit, its result could not be written) may be what went wrong: from then on it runs alone, so a
+# job that crashes its worker costs no other job an attempt. `attempts > 0` on a queued job marks
+# it. The choice holds when the rows move: `claim_named` puts it in the UPDATE itself; the others
+# choose with SELECT ... FOR UPDATE before `_claim_ids` moves the rows (PostgreSQL; SQLite
+# serializes writers).
+
+
+@dataclass(frozen=True)
+class NamedClaim:
+    leases: list[Lease]  # the named jobs never claimed before, now claimed, in the order named
+    retried: list[str]  # the named jobs claimed before and queued again: for `claim_retried`
+
+
+def claim_named(
+    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
+) -> NamedClaim:
+    """`claim` for the named jobs never claimed before; the others are only reported.
+
+    One UPDATE when every named job is fresh and queued (the usual case); a SELECT more for
+    the ones it left.
+    """
+    leases = _claim_ids(
+        session=session,
+        job_ids=job_ids,
+        owner=owner,
+        lease_s=lease_s,
+        worker=worker or owner,
+        fresh_only=True,
+    )
+    order = {job_id: i for i, job_id in enumerate(job_ids)}
+    leases.sort(key=lambda lease: order[lease.job_id])
+    retried: list[str] = []
+    if len(leases) < len(set(job_ids)):
+        claimed = {lease.job_id for lease in leases}
+        rest = [job_id for job_id in job_ids if job_id not in claimed]
+        retried = list(
+            session.scalars(
+                select(_jobs.c.id)
+                .where(_jobs.c.id.in_(rest), _QUEUED, _jobs.c.attempts > 0)
+                .order_by(_jobs.c.id)
+            )
+        )
+    return NamedClaim(leases=leases, retried=retried)
+
+
+def claim_next_fresh(**kwargs: Any) -> list[Lease]:
+    """`claim_next` for jobs never claimed before: what tops a batch up (a job lost once runs
+    alone, see `claim_retried`)."""
+    return claim_next(**kwargs, fresh_only=True)
+
+
+def claim_retried(
+    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
+) -> Lease | None:
+    """Claim one of the named queued jobs that were claimed before (the oldest), to run alone."""
+    if not job_ids:
+        return None
+    job_id = session.scalars(
+        select(_jobs.c.id)
+        .where(_jobs.c.id.in_(job_ids), _QUEUED, _jobs.c.attempts > 0)
+        .order_by(_jobs.c.id)
+        .limit(1)
+        .with_for_update()
+    ).first()
+    if job_id is None:
+        return None
+    leases = _claim_ids(
+        session=session, job_ids=[job_id], owner=owner, lease_s=lease_s, worker=worker or owner
+    )
+    return leases[0] if leases else None
+
+
+# ─── Heartbeat ────────────────────────────────────────────────────────────────────────────────────
+
+
+def _fenced() -> ColumnElement[bool]:
+    return and_(
+        _jobs.c.id == bindparam("b_id"),
+        _jobs.c.status == JobStatus.RUNNING.value,
+        _jobs.c.lease_owner == bindparam("b_owner"),
+        _jobs.c.attempts == bindparam("b_attempt"),
+    )
+
+
+def _fence(lease: Lease, **extra: object) -> dict[str, object]:
+    return {"b_id": lease.job_id, "b_owner": lease.owner, "b_attempt": lease.attempt, **extra}
+
+
+def _fenced_statement(**values: object) -> Update:
+    """An UPDATE of one job, only while its lease still matches (see `_fence`)."""
+    return update(_jobs).where(_fenced()).values(**values)
+
+
+def _fenced_update(session: Session, stmt: Update, params: list[dict[str, object]]) -> int:
+    """`stmt` once per lease, in one round of executemany; returns how many rows matched."""
+    # Rows locked in id order, the order a multi-row UPDATE by id takes them: two transactions
+    # touching the same jobs then wait for each other instead of deadlocking.
+    params = sorted(params, key=lambda p: str(p["b_id"]))
+    result = session.execute(stmt, params)
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def heartbeat(*, session: Session, leases: Sequence[Lease], lease_s: float) -> int:
+    """Extend the leases still held; returns how many were."""
+    if not leases:
+        return 0
+    expires = utcnow() + timedelta(seconds=lease_s)
+    return _fenced_update(
+        session,
+        _fenced_statement(lease_expires_at=bindparam("b_expires")),
+        [_fence(lease, b_expires=expires) for lease in leases],
+    )
+
+
+# ─── End ──────────────────────────────────────────────────────────────────────────────────────────
+
+
+@functools.cache
+def _complete_statement() -> Update:
+    # Built once, as the claim is: the hot path runs it for every batch.
+    return _fenced_statement(
+        status=JobStatus.SUCCEEDED.value,
+        outputs=bindparam("b_outputs"),
+        finished_at=bindparam("b_now"),
+        lease_owner=None,
+        lease_expires_at=None,
+    )
+
+
+def complete(
+    *, session: Session, results: Sequence[tuple[Lease, bytes]], now: datetime | None = None
+) -> int:
+    """Write outputs where the lease still matches; returns how many were written.
+
+    `now`: the `finished_at` to store, when the caller must know it exactly."""
+    if not results:
+        return 0
+    now = now or utcnow()
+    return _fenced_update(
+        session,
+        _complete_statement(),
+        [_fence(lease, b_outputs=outputs, b_now=now) for lease, outputs in results],
+    )
+
+
+def fail(*, session: Session, leases: Sequence[Lease], code: JobErrorCode, message: str) -> int:
+    """End held jobs `failed` with an error code; returns how many were."""
+    if not leases:
+        return 0
+    return _fenced_update(
+        session,
+        _fenced_statement(
+            status=JobStatus.FAILED.value,
+            error_code=JobErrorCode(code).value,
+            error_message=message,
+            finished_at=utcnow(),
+            lease_owner=None,
+            lease_expires_at=None,
+        ),
+        [_fence(lease) for lease in leases],
+    )
+
+
+def release(*, session: Session, leases: Sequence[Lease]) -> int:
+    """Hand held jobs back to the queue (an infrastructure fault, not the job's)."""
+    if not leases:
+        return 0
+    return _fenced_update(
+        session,
+        _fenced_statement(status=JobStatus.QUEUED.value, lease_owner=None, lease_expires_at=None),
+        [_fence(lease) for lease in leases],
+    )
+
+
+# ─── Cancel ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def cancel(*, session: Session, job_id: str) -> Job:
+    """Cancel a queued or running job. A running job's late result is then fenced out."""
+    result = session.execute(
+        update(_jobs)
+        .where(
+            _jobs.c.id == job_id,
+            _jobs.c.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value]),
+        )
+        .values(
+            status=JobStatus.CANCELED.value,
+            finished_at=utcnow(),
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+    job = get(session=session, job_id=job_id)
+    session.refresh(job)
+    # Canceling twice is not an error; canceling a job that ran to its end is.
+    if result.rowcount == 0 and job.status in _ENDED_ON_ITS_OWN:  # type: ignore[attr-defined]
+        raise JobAlreadyFinished(f"job {job_id!r} already finished as {job.status}")
+    return job
+
+
+# ─── Sweep ────────────────────────────────────────────────────────────────────────────────────────
+# The sweeper's side of the state machine: leases whose worker vanished, wake-ups that were lost,
+# results past their retention.
+
+
+JobGroups = dict[tuple[str, int], list[str]]
+"""Job ids by (model, version): what one wake-up message can name."""
+
+
+@dataclass(frozen=True)
+class ExpiredLeases:
+    requeued: JobGroups  # back to queued, to be published again
+    failed: list[str]  # ended `worker_lost`: their attempt budget is used
+
+    @property
+    def count(self) -> int:
+        return sum(len(ids) for ids in self.requeued.values()) + len(self.failed)
+
+
+def expire_leases(
+    *, session: Session, now: datetime | None = None, max_attempts: int, limit: int = 1000
+) -> ExpiredLeases:
+    """Take back running jobs whose lease ran out before `now` (at most `limit` of them).
+
+    A job that has been claimed `max_attempts` times ends `failed` (`worker_lost`), so a job that
+    kills its worker cannot loop forever; the others go back to `queued`. Each row moves only if
+    it is still running on an expired lease when the UPDATE reaches it, so a heartbeat or a
+    result that lands first wins, and a result that lands later no longer matches its fence.
+    """
+    now = now or utcnow()
+    expired = _jobs.c.status == JobStatus.RUNNING.value, _jobs.c.lease_expires_at < now
+    # Lock in id order (as `_fenced_update` does) and skip rows a worker is writing right now:
+    # they are no longer expired once it commits, or are picked up by the next sweep.
+    rows = session.execute(
+        select(_jobs.c.id, _jobs.c.attempts)
+        .where(*expired)
+        .order_by(_jobs.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    ).all()
+    if not rows:
+        return ExpiredLeases(requeued={}, failed=[])
+    cleared = {"lease_owner": None, "lease_expires_at": None}
+    failed: list[str] = []
+    for attempts in sorted({row.attempts for row in rows if row.attempts >= max_attempts}):
+        ids = [row.id for row in rows if row.attempts == attempts]
+        failed += session.scalars(
+            update(_jobs)
+            .where(_jobs.c.id.in_(ids), _jobs.c.attempts == attempts, *expired)
+            .values(
+                status=JobStatus.FAILED.value,
+                error_code=JobErrorCode.WORKER_LOST.value,
+                error_message=(
+                    f"worker lost {attempts} times: each attempt's lease expired without a "
+                    f"result (TFFLEET_MAX_ATTEMPTS={max_attempts})"
+                ),
+                finished_at=now,
+                **cleared,
+            )
+            .returning(_jobs.c.id)
+        ).all()
+    retry = [row.id for row in rows if row.attempts < max_attempts]
+    requeued: JobGroups = {}
+    if retry:
+        moved = session.execute(
+            update(_jobs)
+            .where(_jobs.c.id.in_(retry), _jobs.c.attempts < max_attempts, *expired)
+            .values(status=JobStatus.QUEUED.value, **cleared)
+            .returning(_jobs.c.id, _jobs.c.model, _jobs.c.version)
+        ).all()
+        for row in sorted(moved, key=lambda row: row.id):
+            requeued.setdefault((row.model, row.version), []).append(row.id)
+    return ExpiredLeases(requeued=requeued, failed=sorted(failed))
+
+
+def stale_queued(
+    *, session: Session, older_than: datetime, limit: int, held_since: datetime | None = None
+) -> JobGroups:
+    """Queued jobs whose last wake-up (the submit's, or the sweeper's) was before `older_than`.
+
+    Oldest jobs first, at most `limit`. Such a job may still have a message waiting in Redis
+    behind a backlog; publishing it again is harmless (a claim takes a job once). With
+    `held_since`, only jobs of versions that a child seen since then holds: a wake-up for a
+    version no live worker runs would only pile up in its queue.
+    """
+    last_wakeup = func.coalesce(_jobs.c.published_at, _jobs.c.created_at)
+    query = select(_jobs.c.id, _jobs.c.model, _jobs.c.version).where(
+        _jobs.c.status == JobStatus.QUEUED.value, last_wakeup < older_than
+    )
+    if held_since is not None:
+        query = query.where(
+            exists().where(
+                ModelPresence.name == _jobs.c.model,
+                ModelPresence.version == _jobs.c.version,
+                ModelPresence.seen_at >= held_since,
+                ModelPresence.state.in_([PresenceState.LOADED.value, PresenceState.DRAINING.value]),
+            )
+        )
+    rows = session.execute(query.order_by(_jobs.c.id).limit(limit)).all()
+    groups: JobGroups = {}
+    for row in rows:
+        groups.setdefault((row.model, row.version), []).append(row.id)
+    return groups
+
+
+def mark_published(*, session: Session, job_ids: Sequence[str], at: datetime) -> int:
+    """Record that a wake-up naming these jobs was published at `at` (those still queued)."""
+    if not job_ids:
+        return 0
+    result = session.execute(
+        update(_jobs)
+        .where(_jobs.c.id.in_(job_ids), _jobs.c.status == JobStatus.QUEUED.value)
+        .values(published_at=at)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+# ─── Purge ────────────────────────────────────────────────────────────────────────────────────────
+
+
+def stamp_expiry(*, session: Session, limit: int) -> int:
+    """Give ended jobs that have a `ttl_s` of their own their `expires_at`; returns how many.
+
+    SQL has no portable "timestamp plus a column of seconds", so the sweeper works it out here,
+    a bounded chunk per call.
+    """
+    rows = session.execute(
+        select(_jobs.c.id, _jobs.c.finished_at, _jobs.c.ttl_s)
+        .where(
+            _jobs.c.status.in_([status.value for status in FINISHED]),
+            _jobs.c.ttl_s.is_not(None),
+            _jobs.c.expires_at.is_(None),
+            _jobs.c.finished_at.is_not(None),
+        )
+        .limit(limit)
+    ).all()
+    if not rows:
+        return 0
+    session.execute(
+        update(_jobs)
+        .where(_jobs.c.id == bindparam("b_id"))
+        .values(expires_at=bindparam("b_expires_at")),
+        [
+            {"b_id": row.id, "b_expires_at": row.finished_at + timedelta(seconds=row.ttl_s)}
+            for row in rows
+        ],
+    )
+    return len(rows)
+
+
+def purge_finished(
+    *, session: Session, older_than: datetime, limit: int, now: datetime | None = None
+) -> int:
+    """Delete at most `limit` ended jobs past their retention; returns how many.
+
+    That is: jobs without a `ttl_s` that finished before `older_than`, and jobs with one whose
+    `expires_at` (see `stamp_expiry`) is before `now`. One bounded chunk per call, so the caller
+    can commit between chunks and no transaction holds a large part of the table.
+    """
+    now = now or utcnow()
+    ended = _jobs.c.status.in_([status.value for status in FINISHED])
+    by_default = select(_jobs.c.id).where(
+        ended, _jobs.c.ttl_s.is_(None), _jobs.c.finished_at < older_than
+    )
+    by_own = select(_jobs.c.id).where(ended, _jobs.c.expires_at < now)
+    ids = list(session.scalars(by_default.order_by(_jobs.c.finished_at).limit(limit)))
+    ids += list(session.scalars(by_own.order_by(_jobs.c.expires_at).limit(limit - len(ids))))
+    if not ids:
+        return 0
+    result = session.execute(delete(_jobs).where(_jobs.c.id.in_(ids)))
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+# ─── Reads ────────────────────────────────────────────────────────────────────────────────────────
+
+
 def count_queued(*, session: Session) -> int:
     """How many jobs wait for a worker (a count over the index `ix_jobs_status_id`)."""
     query = select(func.count()).select_from(_jobs).where(_jobs.c.status == JobStatus.QUEUED.value)
     return int(session.scalar(query) or 0)
-
-
-_UNFINISHED = _jobs.c.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value])
 
 
 def count_unfinished(*, session: Session) -> dict[tuple[str, int], dict[str, int]]:
@@ -365,512 +873,3 @@ def list_jobs(
     jobs = list(session.scalars(query))
     next_cursor = jobs[limit - 1].id if len(jobs) > limit else None
     return jobs[:limit], next_cursor
-
-
-@functools.cache
-def _claim_statement(*, fresh_only: bool) -> Update:
-    """The compare-and-set that claims jobs: only rows still queued (and, `fresh_only`, never
-    claimed) move, so of two racing claimers exactly one wins each job (PostgreSQL re-checks
-    the WHERE after a concurrent update; SQLite serializes writers). Built once: building a
-    statement costs more than running it."""
-    where = [_jobs.c.id.in_(bindparam("c_ids", expanding=True)), _QUEUED]
-    if fresh_only:
-        where.append(_NEVER_CLAIMED)
-    return (
-        update(_jobs)
-        .where(*where)
-        .values(
-            status=JobStatus.RUNNING.value,
-            attempts=_jobs.c.attempts + 1,
-            lease_owner=bindparam("c_owner"),
-            lease_expires_at=bindparam("c_expires"),
-            worker=bindparam("c_worker"),
-            started_at=bindparam("c_now"),
-        )
-        .returning(
-            _jobs.c.id, _jobs.c.attempts, _jobs.c.samples, _jobs.c.priority, _jobs.c.created_at
-        )
-    )
-
-
-_SELECT_INPUTS = select(_inputs.c.job_id, _inputs.c.data).where(
-    _inputs.c.job_id.in_(bindparam("c_ids", expanding=True))
-)
-
-
-def _claim_ids(
-    *,
-    session: Session,
-    job_ids: Sequence[str],
-    owner: str,
-    lease_s: float,
-    worker: str,
-    fresh_only: bool = False,
-) -> list[Lease]:
-    if not job_ids:
-        return []
-    now = utcnow()
-    rows = session.execute(
-        _claim_statement(fresh_only=fresh_only),
-        {
-            "c_ids": list(job_ids),
-            "c_owner": owner,
-            "c_expires": now + timedelta(seconds=lease_s),
-            "c_worker": worker,
-            "c_now": now,
-        },
-    ).all()
-    inputs: dict[str, bytes] = (
-        dict(session.execute(_SELECT_INPUTS, {"c_ids": [row.id for row in rows]}).all())
-        if rows
-        else {}
-    )
-    return [
-        Lease(
-            job_id=row.id,
-            owner=owner,
-            attempt=row.attempts,
-            samples=row.samples,
-            priority=row.priority,
-            inputs=inputs.get(row.id, b""),
-            created_at=row.created_at,
-            started_at=now,
-        )
-        for row in rows
-    ]
-
-
-def claim(
-    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
-) -> list[Lease]:
-    """Claim the named jobs that are still queued; the others are skipped (taken or ended)."""
-    leases = _claim_ids(
-        session=session, job_ids=job_ids, owner=owner, lease_s=lease_s, worker=worker or owner
-    )
-    order = {job_id: i for i, job_id in enumerate(job_ids)}
-    return sorted(leases, key=lambda lease: order[lease.job_id])
-
-
-_QUEUED = _jobs.c.status == JobStatus.QUEUED.value
-_NEVER_CLAIMED = _jobs.c.attempts == 0
-
-
-@functools.cache
-def _candidates_statement(*, fresh_only: bool) -> Select[tuple[str, int]]:
-    return (
-        select(_jobs.c.id, _jobs.c.samples)
-        .where(
-            _jobs.c.model == bindparam("n_model"),
-            _jobs.c.version == bindparam("n_version"),
-            _QUEUED,
-            *([_NEVER_CLAIMED] if fresh_only else []),
-        )
-        .order_by(_jobs.c.priority.desc(), _jobs.c.id)
-        .limit(bindparam("n_limit"))
-        .with_for_update(skip_locked=True)
-    )
-
-
-def claim_next(
-    *,
-    session: Session,
-    model: str,
-    version: int,
-    owner: str,
-    lease_s: float,
-    max_samples: int,
-    worker: str = "",
-    take_oversized: bool = True,
-    fresh_only: bool = False,
-) -> list[Lease]:
-    """Claim queued jobs of one model version, by priority then age, up to `max_samples` samples.
-
-    A job larger than `max_samples` is taken only alone (the worker runs it in chunks), and only
-    with `take_oversized` (a caller that already holds jobs passes False: it has room for less).
-    With `fresh_only`, only jobs never claimed before.
-    """
-    if max_samples <= 0:
-        return []
-    candidates = session.execute(
-        _candidates_statement(fresh_only=fresh_only),
-        {"n_model": model, "n_version": version, "n_limit": max_samples},
-    ).all()
-    chosen: list[str] = []
-    room = max_samples
-    for row in candidates:
-        if row.samples <= room:
-            chosen.append(row.id)
-            room -= row.samples
-        elif not chosen and take_oversized:
-            chosen.append(row.id)
-            break
-        if room == 0:
-            break
-    leases = _claim_ids(
-        session=session, job_ids=chosen, owner=owner, lease_s=lease_s, worker=worker or owner
-    )
-    rank = {job_id: i for i, job_id in enumerate(chosen)}
-    return sorted(leases, key=lambda lease: rank[lease.job_id])
-
-
-def _fenced() -> ColumnElement[bool]:
-    return and_(
-        _jobs.c.id == bindparam("b_id"),
-        _jobs.c.status == JobStatus.RUNNING.value,
-        _jobs.c.lease_owner == bindparam("b_owner"),
-        _jobs.c.attempts == bindparam("b_attempt"),
-    )
-
-
-def _fence(lease: Lease, **extra: object) -> dict[str, object]:
-    return {"b_id": lease.job_id, "b_owner": lease.owner, "b_attempt": lease.attempt, **extra}
-
-
-def _fenced_statement(**values: object) -> Update:
-    """An UPDATE of one job, only while its lease still matches (see `_fence`)."""
-    return update(_jobs).where(_fenced()).values(**values)
-
-
-def _fenced_update(session: Session, stmt: Update, params: list[dict[str, object]]) -> int:
-    """`stmt` once per lease, in one round of executemany; returns how many rows matched."""
-    # Rows locked in id order, the order a multi-row UPDATE by id takes them: two transactions
-    # touching the same jobs then wait for each other instead of deadlocking.
-    params = sorted(params, key=lambda p: str(p["b_id"]))
-    result = session.execute(stmt, params)
-    return int(result.rowcount)  # type: ignore[attr-defined]
-
-
-def heartbeat(*, session: Session, leases: Sequence[Lease], lease_s: float) -> int:
-    """Extend the leases still held; returns how many were."""
-    if not leases:
-        return 0
-    expires = utcnow() + timedelta(seconds=lease_s)
-    return _fenced_update(
-        session,
-        _fenced_statement(lease_expires_at=bindparam("b_expires")),
-        [_fence(lease, b_expires=expires) for lease in leases],
-    )
-
-
-@functools.cache
-def _complete_statement() -> Update:
-    # Built once, as the claim is: the hot path runs it for every batch.
-    return _fenced_statement(
-        status=JobStatus.SUCCEEDED.value,
-        outputs=bindparam("b_outputs"),
-        finished_at=bindparam("b_now"),
-        lease_owner=None,
-        lease_expires_at=None,
-    )
-
-
-def complete(
-    *, session: Session, results: Sequence[tuple[Lease, bytes]], now: datetime | None = None
-) -> int:
-    """Write outputs where the lease still matches; returns how many were written.
-
-    `now`: the `finished_at` to store, when the caller must know it exactly."""
-    if not results:
-        return 0
-    now = now or utcnow()
-    return _fenced_update(
-        session,
-        _complete_statement(),
-        [_fence(lease, b_outputs=outputs, b_now=now) for lease, outputs in results],
-    )
-
-
-def fail(*, session: Session, leases: Sequence[Lease], code: str, message: str) -> int:
-    """End held jobs `failed` with an error code; returns how many were."""
-    if not leases:
-        return 0
-    return _fenced_update(
-        session,
-        _fenced_statement(
-            status=JobStatus.FAILED.value,
-            error_code=code,
-            error_message=message,
-            finished_at=utcnow(),
-            lease_owner=None,
-            lease_expires_at=None,
-        ),
-        [_fence(lease) for lease in leases],
-    )
-
-
-def release(*, session: Session, leases: Sequence[Lease]) -> int:
-    """Hand held jobs back to the queue (an infrastructure fault, not the job's)."""
-    if not leases:
-        return 0
-    return _fenced_update(
-        session,
-        _fenced_statement(status=JobStatus.QUEUED.value, lease_owner=None, lease_expires_at=None),
-        [_fence(lease) for lease in leases],
-    )
-
-
-def cancel(*, session: Session, job_id: str) -> Job:
-    """Cancel a queued or running job. A running job's late result is then fenced out."""
-    result = session.execute(
-        update(_jobs)
-        .where(
-            _jobs.c.id == job_id,
-            _jobs.c.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value]),
-        )
-        .values(
-            status=JobStatus.CANCELED.value,
-            finished_at=utcnow(),
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-    )
-    job = get(session=session, job_id=job_id)
-    session.refresh(job)
-    # Canceling twice is not an error; canceling a job that ran to its end is.
-    if result.rowcount == 0 and job.status in _ENDED_ON_ITS_OWN:  # type: ignore[attr-defined]
-        raise JobAlreadyFinished(f"job {job_id!r} already finished as {job.status}")
-    return job
-
-
-_ENDED_ON_ITS_OWN = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})
-
-
-# The sweeper's side of the state machine: leases whose worker vanished, wake-ups that were lost,
-# results past their retention.
-
-JobGroups = dict[tuple[str, int], list[str]]
-"""Job ids by (model, version): what one wake-up message can name."""
-
-
-@dataclass(frozen=True)
-class ExpiredLeases:
-    requeued: JobGroups  # back to queued, to be published again
-    failed: list[str]  # ended `worker_lost`: their attempt budget is used
-
-    @property
-    def count(self) -> int:
-        return sum(len(ids) for ids in self.requeued.values()) + len(self.failed)
-
-
-def expire_leases(
-    *, session: Session, now: datetime | None = None, max_attempts: int, limit: int = 1000
-) -> ExpiredLeases:
-    """Take back running jobs whose lease ran out before `now` (at most `limit` of them).
-
-    A job that has been claimed `max_attempts` times ends `failed` (`worker_lost`), so a job that
-    kills its worker cannot loop forever; the others go back to `queued`. Each row moves only if
-    it is still running on an expired lease when the UPDATE reaches it, so a heartbeat or a
-    result that lands first wins, and a result that lands later no longer matches its fence.
-    """
-    now = now or utcnow()
-    expired = _jobs.c.status == JobStatus.RUNNING.value, _jobs.c.lease_expires_at < now
-    # Lock in id order (as `_fenced_update` does) and skip rows a worker is writing right now:
-    # they are no longer expired once it commits, or are picked up by the next sweep.
-    rows = session.execute(
-        select(_jobs.c.id, _jobs.c.attempts)
-        .where(*expired)
-        .order_by(_jobs.c.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    ).all()
-    if not rows:
-        return ExpiredLeases(requeued={}, failed=[])
-    cleared = {"lease_owner": None, "lease_expires_at": None}
-    failed: list[str] = []
-    for attempts in sorted({row.attempts for row in rows if row.attempts >= max_attempts}):
-        ids = [row.id for row in rows if row.attempts == attempts]
-        failed += session.scalars(
-            update(_jobs)
-            .where(_jobs.c.id.in_(ids), _jobs.c.attempts == attempts, *expired)
-            .values(
-                status=JobStatus.FAILED.value,
-                error_code="worker_lost",
-                error_message=(
-                    f"worker lost {attempts} times: each attempt's lease expired without a "
-                    f"result (TFFLEET_MAX_ATTEMPTS={max_attempts})"
-                ),
-                finished_at=now,
-                **cleared,
-            )
-            .returning(_jobs.c.id)
-        ).all()
-    retry = [row.id for row in rows if row.attempts < max_attempts]
-    requeued: JobGroups = {}
-    if retry:
-        moved = session.execute(
-            update(_jobs)
-            .where(_jobs.c.id.in_(retry), _jobs.c.attempts < max_attempts, *expired)
-            .values(status=JobStatus.QUEUED.value, **cleared)
-            .returning(_jobs.c.id, _jobs.c.model, _jobs.c.version)
-        ).all()
-        for row in sorted(moved, key=lambda row: row.id):
-            requeued.setdefault((row.model, row.version), []).append(row.id)
-    return ExpiredLeases(requeued=requeued, failed=sorted(failed))
-
-
-def stale_queued(
-    *, session: Session, older_than: datetime, limit: int, held_since: datetime | None = None
-) -> JobGroups:
-    """Queued jobs whose last wake-up (the submit's, or the sweeper's) was before `older_than`.
-
-    Oldest jobs first, at most `limit`. Such a job may still have a message waiting in Redis
-    behind a backlog; publishing it again is harmless (a claim takes a job once). With
-    `held_since`, only jobs of versions that a child seen since then holds: a wake-up for a
-    version no live worker runs would only pile up in its queue.
-    """
-    last_wakeup = func.coalesce(_jobs.c.published_at, _jobs.c.created_at)
-    query = select(_jobs.c.id, _jobs.c.model, _jobs.c.version).where(
-        _jobs.c.status == JobStatus.QUEUED.value, last_wakeup < older_than
-    )
-    if held_since is not None:
-        query = query.where(
-            exists().where(
-                ModelPresence.name == _jobs.c.model,
-                ModelPresence.version == _jobs.c.version,
-                ModelPresence.seen_at >= held_since,
-                ModelPresence.state.in_([PresenceState.LOADED.value, PresenceState.DRAINING.value]),
-            )
-        )
-    rows = session.execute(query.order_by(_jobs.c.id).limit(limit)).all()
-    groups: JobGroups = {}
-    for row in rows:
-        groups.setdefault((row.model, row.version), []).append(row.id)
-    return groups
-
-
-def mark_published(*, session: Session, job_ids: Sequence[str], at: datetime) -> int:
-    """Record that a wake-up naming these jobs was published at `at` (those still queued)."""
-    if not job_ids:
-        return 0
-    result = session.execute(
-        update(_jobs)
-        .where(_jobs.c.id.in_(job_ids), _jobs.c.status == JobStatus.QUEUED.value)
-        .values(published_at=at)
-    )
-    return int(result.rowcount)  # type: ignore[attr-defined]
-
-
-def stamp_expiry(*, session: Session, limit: int) -> int:
-    """Give ended jobs that have a `ttl_s` of their own their `expires_at`; returns how many.
-
-    SQL has no portable "timestamp plus a column of seconds", so the sweeper works it out here,
-    a bounded chunk per call.
-    """
-    rows = session.execute(
-        select(_jobs.c.id, _jobs.c.finished_at, _jobs.c.ttl_s)
-        .where(
-            _jobs.c.status.in_([status.value for status in FINISHED]),
-            _jobs.c.ttl_s.is_not(None),
-            _jobs.c.expires_at.is_(None),
-            _jobs.c.finished_at.is_not(None),
-        )
-        .limit(limit)
-    ).all()
-    if not rows:
-        return 0
-    session.execute(
-        update(_jobs)
-        .where(_jobs.c.id == bindparam("b_id"))
-        .values(expires_at=bindparam("b_expires_at")),
-        [
-            {"b_id": row.id, "b_expires_at": row.finished_at + timedelta(seconds=row.ttl_s)}
-            for row in rows
-        ],
-    )
-    return len(rows)
-
-
-def purge_finished(
-    *, session: Session, older_than: datetime, limit: int, now: datetime | None = None
-) -> int:
-    """Delete at most `limit` ended jobs past their retention; returns how many.
-
-    That is: jobs without a `ttl_s` that finished before `older_than`, and jobs with one whose
-    `expires_at` (see `stamp_expiry`) is before `now`. One bounded chunk per call, so the caller
-    can commit between chunks and no transaction holds a large part of the table.
-    """
-    now = now or utcnow()
-    ended = _jobs.c.status.in_([status.value for status in FINISHED])
-    by_default = select(_jobs.c.id).where(
-        ended, _jobs.c.ttl_s.is_(None), _jobs.c.finished_at < older_than
-    )
-    by_own = select(_jobs.c.id).where(ended, _jobs.c.expires_at < now)
-    ids = list(session.scalars(by_default.order_by(_jobs.c.finished_at).limit(limit)))
-    ids += list(session.scalars(by_own.order_by(_jobs.c.expires_at).limit(limit - len(ids))))
-    if not ids:
-        return 0
-    result = session.execute(delete(_jobs).where(_jobs.c.id.in_(ids)))
-    return int(result.rowcount)  # type: ignore[attr-defined]
-
-
-# Isolation. A job claimed before that did not end (its worker died, its batch ran past its time
-# limit, its result could not be written) may be what went wrong: from then on it runs alone, so a
-# job that crashes its worker costs no other job an attempt. `attempts > 0` on a queued job marks
-# it. The choice holds when the rows move: `claim_named` puts it in the UPDATE itself; the others
-# choose with SELECT ... FOR UPDATE before `_claim_ids` moves the rows (PostgreSQL; SQLite
-# serializes writers).
-
-
-@dataclass(frozen=True)
-class NamedClaim:
-    leases: list[Lease]  # the named jobs never claimed before, now claimed, in the order named
-    retried: list[str]  # the named jobs claimed before and queued again: for `claim_retried`
-
-
-def claim_named(
-    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
-) -> NamedClaim:
-    """`claim` for the named jobs never claimed before; the others are only reported.
-
-    One UPDATE when every named job is fresh and queued (the usual case); a SELECT more for
-    the ones it left.
-    """
-    leases = _claim_ids(
-        session=session,
-        job_ids=job_ids,
-        owner=owner,
-        lease_s=lease_s,
-        worker=worker or owner,
-        fresh_only=True,
-    )
-    order = {job_id: i for i, job_id in enumerate(job_ids)}
-    leases.sort(key=lambda lease: order[lease.job_id])
-    retried: list[str] = []
-    if len(leases) < len(set(job_ids)):
-        claimed = {lease.job_id for lease in leases}
-        rest = [job_id for job_id in job_ids if job_id not in claimed]
-        retried = list(
-            session.scalars(
-                select(_jobs.c.id)
-                .where(_jobs.c.id.in_(rest), _QUEUED, _jobs.c.attempts > 0)
-                .order_by(_jobs.c.id)
-            )
-        )
-    return NamedClaim(leases=leases, retried=retried)
-
-
-def claim_next_fresh(**kwargs: Any) -> list[Lease]:
-    """`claim_next` for jobs never claimed before: what tops a batch up (a job lost once runs
-    alone, see `claim_retried`)."""
-    return claim_next(**kwargs, fresh_only=True)
-
-
-def claim_retried(
-    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
-) -> Lease | None:
-    """Claim one of the named queued jobs that were claimed before (the oldest), to run alone."""
-    if not job_ids:
-        return None
-    job_id = session.scalars(
-        select(_jobs.c.id)
-        .where(_jobs.c.id.in_(job_ids), _QUEUED, _jobs.c.attempts > 0)
-        .order_by(_jobs.c.id)
-        .limit(1)
-        .with_for_update()
-    ).first()
-    if job_id is None:
-        return None
-    leases = _claim_ids(
-        session=session, job_ids=[job_id], owner=owner, lease_s=lease_s, worker=worker or owner
-    )
-    return leases[0] if leases else None

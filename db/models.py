@@ -56,6 +56,15 @@ class JobStatus(enum.StrEnum):
 FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED})
 
 
+class JobErrorCode(enum.StrEnum):
+    """Why a job ended `failed` (its `error.code`); worker/retry.py says which paths lead here."""
+
+    INVALID_INPUT = "invalid_input"  # inputs that do not fit the model (a 422 at submit)
+    MODEL_ERROR = "model_error"  # its forward pass raised, or its version cannot be loaded
+    TIMEOUT = "timeout"  # it ran alone past the model's time limit
+    WORKER_LOST = "worker_lost"  # every attempt's lease expired without a result
+
+
 class Job(Base):
     __tablename__ = "jobs"
 

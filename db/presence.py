@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from db.jobs import utcnow
+from db.clock import utcnow
 from db.models import ModelPresence, PresenceState
 
 # A child that missed this many reports in a row is taken for dead.

@@ -19,7 +19,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from db import jobs, presence
-from db.jobs import utcnow
+from db.clock import utcnow
 from db.models import JobStatus, ModelPresence, ModelVersion, PresenceState
 from tffleet.errors import ModelNotFound
 

@@ -3,7 +3,7 @@
 A job that was claimed before and did not end (its child died, its batch ran out of time) runs
 alone from then on. A forward pass that outlives the model's time limit is ended by the heartbeat
 thread, which then ends the child (see `Batcher`). A database error hands the leases back and
-raises, for the task to retry.
+raises, for the task to retry (worker/retry.py maps every path by which a job runs again).
 
 Plain logic over a `Runner` (anything with `inputs` and `run(batch) -> outputs`), so tests can pass
 a function instead of TensorFlow.
@@ -19,22 +19,22 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs
+from db.clock import utcnow
 from db.jobs import Lease
+from db.models import JobErrorCode
 from tffleet import tensors
 from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
 from worker import metrics
 from worker.heartbeat import Heartbeat, Running
+from worker.retry import INFRA_ERRORS
 
 log = logging.getLogger(__name__)
 
 _TOP_UP_POLL_S = 0.0005
 
-# Database faults that are nobody's fault but the database's: the task retries with backoff.
-INFRA_ERRORS = (OperationalError, InterfaceError)
 # The exit status of a child that ended itself because a batch ran past its time limit.
 TIMEOUT_EXIT_CODE = 75
 
@@ -208,14 +208,17 @@ class Batcher:
         metrics.BATCH_SECONDS.labels(model).observe(time.perf_counter() - started)
         succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
         failed = [(lease, out) for lease, out in outcomes if isinstance(out, str)]
-        finished_at = jobs.utcnow()
+        finished_at = utcnow()
         try:
             with self.sessions.begin() as session:
                 report.written = jobs.complete(session=session, results=succeeded, now=finished_at)
                 whole = report.written == len(succeeded)
                 for lease, message in failed:
                     report.written += jobs.fail(
-                        session=session, leases=[lease], code="model_error", message=message
+                        session=session,
+                        leases=[lease],
+                        code=JobErrorCode.MODEL_ERROR,
+                        message=message,
                     )
         except INFRA_ERRORS:
             self._hand_back(model, version, leases)
@@ -259,7 +262,9 @@ class Batcher:
             leases = jobs.claim(
                 session=session, job_ids=job_ids, owner=self.owner, lease_s=self.lease_s
             )
-            jobs.fail(session=session, leases=leases, code="model_error", message=message)
+            jobs.fail(
+                session=session, leases=leases, code=JobErrorCode.MODEL_ERROR, message=message
+            )
         metrics.JOBS_FINISHED.labels(model, "failed").inc(len(leases))
         self.notify([lease.job_id for lease in leases])
         return BatchReport(claimed=len(leases), failed=len(leases), written=len(leases))
@@ -358,7 +363,7 @@ class Batcher:
                     jobs.fail(
                         session=session,
                         leases=batch.leases,
-                        code="timeout",
+                        code=JobErrorCode.TIMEOUT,
                         message=f"the forward pass ran past the time limit of "
                         f"{batch.timeout_s:g}s (the model's timeout_s, or TFFLEET_JOB_TIMEOUT_S)",
                     )
@@ -381,7 +386,7 @@ class Batcher:
 def _observe_claim(model: str, leases: Sequence[Lease]) -> None:
     metrics.BATCH_JOBS.labels(model).observe(len(leases))
     metrics.BATCH_SAMPLES.labels(model).observe(sum(lease.samples for lease in leases))
-    now = jobs.utcnow()
+    now = utcnow()
     for lease in leases:
         if lease.created_at is not None:
             metrics.QUEUE_WAIT_SECONDS.labels(model).observe(

@@ -31,13 +31,10 @@ from tffleet.settings import get_settings
 from worker.batching import Batcher, BatchReport
 from worker.model_set import ModelSet
 from worker.repository import ModelConfig
+from worker.retry import HAND_BACK_PAUSE_S
 from worker.watcher import Watcher
 
 log = logging.getLogger(__name__)
-
-# A child that gets a message for a version only another child holds waits this long before it
-# hands the message back, so that a message no idle child can run does not spin between them.
-HAND_BACK_PAUSE_S = 0.1
 
 
 @dataclass

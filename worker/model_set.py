@@ -38,7 +38,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs, presence, registry
-from db.jobs import utcnow
+from db.clock import utcnow
 from db.models import PresenceState
 from worker.batching import BatchPolicy
 from worker.repository import ModelConfig, ModelSpec, scan

@@ -34,6 +34,8 @@ from redis.exceptions import LockNotOwnedError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs, presence
+from db.clock import utcnow
+from db.models import JobErrorCode
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
 
@@ -89,7 +91,7 @@ class Sweeper:
         settings: Settings,
         redis_client: redis.Redis,
         *,
-        clock: Callable[[], datetime] = jobs.utcnow,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._sessions = sessions
         self._publisher = publisher
@@ -214,7 +216,7 @@ class Sweeper:
             report.requeued += requeued
             report.worker_lost += len(expired.failed)
             SWEPT.labels("requeued").inc(requeued)
-            SWEPT.labels("worker_lost").inc(len(expired.failed))
+            SWEPT.labels(JobErrorCode.WORKER_LOST.value).inc(len(expired.failed))
             if expired.failed:
                 log.warning(
                     "%d jobs failed as worker_lost: %s", len(expired.failed), expired.failed

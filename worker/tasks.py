@@ -7,20 +7,16 @@ import logging
 from tffleet.broker import RUN_BATCH_TASK
 from worker import child
 from worker.app import celery_app
-from worker.batching import INFRA_ERRORS
+from worker.retry import TASK_RETRY
 
 log = logging.getLogger(__name__)
 
 
 @celery_app.task(
     name=RUN_BATCH_TASK,
-    # The database blinked: the batcher handed its leases back if it could; try again later,
-    # 1, 2, 4 ... up to 30 s apart (with jitter), for as long as it takes. A job's own fault
-    # (model_error, timeout) is recorded on the job and never retried here.
-    autoretry_for=INFRA_ERRORS,
-    retry_backoff=True,
-    retry_backoff_max=30,
-    max_retries=None,
+    # The database blinked: the batcher handed its leases back if it could; try again later.
+    # A job's own fault is recorded on the job and never retried (worker/retry.py).
+    **TASK_RETRY,
 )
 def run_batch(model: str, version: int, job_ids: list[str]) -> dict[str, int]:
     """Run the named jobs of one model version, topped up with other queued jobs."""

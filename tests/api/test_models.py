@@ -8,7 +8,8 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import jobs, presence, registry
+from db import presence, registry
+from db.clock import utcnow
 from db.models import PresenceState
 from tests.api.conftest import ISO_UTC
 
@@ -26,7 +27,7 @@ def report(
     silent_s: float = 0,
 ) -> None:
     """What a worker child on `device` holds, reported `silent_s` seconds ago."""
-    at = jobs.utcnow() - timedelta(seconds=silent_s)
+    at = utcnow() - timedelta(seconds=silent_s)
     with sessions.begin() as session:
         presence.report(
             session=session,

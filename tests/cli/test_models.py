@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import presence, registry
-from db.jobs import utcnow
+from db.clock import utcnow
 from db.models import PresenceState
 from tffleet.cli import main
 from tffleet.settings import get_settings

@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs, presence, registry
+from db.clock import utcnow
 from db.models import JobStatus, PresenceState
 from tffleet.errors import ModelNotFound
 
@@ -42,7 +43,7 @@ def report(
     at: datetime | None = None,
     error: str | None = None,
 ) -> None:
-    now = at or jobs.utcnow()
+    now = at or utcnow()
     with sessions.begin() as session:
         presence.report(
             session=session,
@@ -95,7 +96,7 @@ def test_a_report_replaces_the_childs_rows_and_withdraw_removes_them(sessions: S
 def test_holders_are_live_children_that_run_the_versions_jobs(sessions: Sessions) -> None:
     report(sessions, ("m", 1, DRAINING), ("m", 2, LOADING), device="cpu:0")
     report(sessions, ("m", 1, LOADED), device="cpu:1")
-    report(sessions, ("m", 1, LOADED), device="cpu:2", at=jobs.utcnow() - timedelta(minutes=5))
+    report(sessions, ("m", 1, LOADED), device="cpu:2", at=utcnow() - timedelta(minutes=5))
 
     with sessions() as session:
         found = presence.holders(session=session, name="m", version=1, since=live_since())
@@ -108,7 +109,7 @@ def test_holders_are_live_children_that_run_the_versions_jobs(sessions: Sessions
 
 def test_the_dead_are_purged_and_the_live_kept(sessions: Sessions) -> None:
     report(sessions, ("m", 1, LOADED), device="cpu:0")
-    report(sessions, ("m", 1, LOADED), device="cpu:1", at=jobs.utcnow() - timedelta(minutes=5))
+    report(sessions, ("m", 1, LOADED), device="cpu:1", at=utcnow() - timedelta(minutes=5))
 
     with sessions.begin() as session:
         assert presence.purge_dead(session=session, before=live_since()) == 1
@@ -137,7 +138,7 @@ def test_the_latest_version_a_live_worker_has_loaded_comes_before_newer_register
 
 def test_a_worker_that_died_does_not_count(sessions: Sessions) -> None:
     register(sessions, 1, 2)
-    report(sessions, ("m", 1, LOADED), at=jobs.utcnow() - timedelta(seconds=4 * POLL_S))
+    report(sessions, ("m", 1, LOADED), at=utcnow() - timedelta(seconds=4 * POLL_S))
     assert resolve(sessions) == 2
 
 

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs
+from db.clock import utcnow
 from db.models import Job, JobStatus
 from tests.db.conftest import MakeJobs
 
@@ -52,7 +53,7 @@ def test_expired_leases_go_back_to_the_queue_grouped_by_model_version(
     b = make_jobs(1, model="b", version=2)
     claim(sessions, a + b)
 
-    expired = expire(sessions, now=jobs.utcnow() + LATER)
+    expired = expire(sessions, now=utcnow() + LATER)
 
     assert expired.requeued == {("a", 1): a, ("b", 2): b}
     assert expired.failed == []
@@ -70,7 +71,7 @@ def test_leases_not_yet_expired_and_jobs_not_running_are_left_alone(
     running, queued = make_jobs(2)
     (lease,) = claim(sessions, [running])
 
-    assert expire(sessions, now=jobs.utcnow()).count == 0
+    assert expire(sessions, now=utcnow()).count == 0
     assert read(sessions, running).lease_owner == "w1"
     assert read(sessions, queued).status == JobStatus.QUEUED
     assert complete(sessions, lease) == 1
@@ -80,7 +81,7 @@ def test_a_job_that_used_its_attempt_budget_fails_as_worker_lost(
     make_jobs: MakeJobs, sessions: Sessions
 ) -> None:
     (job_id,) = make_jobs()
-    now = jobs.utcnow()
+    now = utcnow()
     for attempt in (1, 2):
         claim(sessions, [job_id], owner=f"w{attempt}")
         now += LATER
@@ -103,10 +104,10 @@ def test_a_job_that_used_its_attempt_budget_fails_as_worker_lost(
 def test_one_sweep_requeues_some_and_fails_others(make_jobs: MakeJobs, sessions: Sessions) -> None:
     fresh, poison = make_jobs(2)
     claim(sessions, [poison])
-    expire(sessions, now=jobs.utcnow() + LATER)
+    expire(sessions, now=utcnow() + LATER)
     claim(sessions, [fresh, poison])  # poison: its second attempt
 
-    expired = expire(sessions, now=jobs.utcnow() + LATER, max_attempts=2)
+    expired = expire(sessions, now=utcnow() + LATER, max_attempts=2)
 
     assert expired.requeued == {("m", 1): [fresh]}
     assert expired.failed == [poison]
@@ -117,7 +118,7 @@ def test_a_late_complete_after_the_lease_was_taken_back_is_fenced_out(
 ) -> None:
     (job_id,) = make_jobs()
     (stale,) = claim(sessions, [job_id], owner="w1")
-    expire(sessions, now=jobs.utcnow() + LATER)
+    expire(sessions, now=utcnow() + LATER)
 
     assert complete(sessions, stale) == 0  # requeued: nobody holds it
     (fresh,) = claim(sessions, [job_id], owner="w2")
@@ -133,7 +134,7 @@ def test_a_result_written_before_the_sweep_stands(make_jobs: MakeJobs, sessions:
     (lease,) = claim(sessions, [job_id])
     assert complete(sessions, lease) == 1
 
-    assert expire(sessions, now=jobs.utcnow() + LATER).count == 0
+    assert expire(sessions, now=utcnow() + LATER).count == 0
     assert read(sessions, job_id).status == JobStatus.SUCCEEDED
 
 
@@ -143,7 +144,7 @@ def test_a_heartbeat_keeps_the_lease_from_expiring(make_jobs: MakeJobs, sessions
     with sessions.begin() as session:
         jobs.heartbeat(session=session, leases=[lease], lease_s=600)
 
-    assert expire(sessions, now=jobs.utcnow() + LATER).count == 0
+    assert expire(sessions, now=utcnow() + LATER).count == 0
     assert complete(sessions, lease) == 1
 
 
@@ -152,7 +153,7 @@ def test_expire_leases_takes_at_most_limit_jobs_per_call(
 ) -> None:
     ids = make_jobs(5)
     claim(sessions, ids)
-    now = jobs.utcnow() + LATER
+    now = utcnow() + LATER
     with sessions.begin() as session:
         first = jobs.expire_leases(session=session, now=now, max_attempts=3, limit=3)
     rest = expire(sessions, now=now)
@@ -181,7 +182,7 @@ def test_racing_completes_and_a_sweep_end_each_job_exactly_once(
     def sweeper() -> None:
         try:
             barrier.wait(timeout=10)
-            expired.append(expire(sessions, now=jobs.utcnow() + LATER))
+            expired.append(expire(sessions, now=utcnow() + LATER))
         except BaseException as exc:
             errors.append(exc)
 
@@ -210,8 +211,8 @@ def test_stale_queued_finds_jobs_whose_wakeup_is_older_than_the_cutoff(
     a = make_jobs(2, model="a")
     b = make_jobs(1, model="b", version=3)
     with sessions() as session:
-        assert jobs.stale_queued(session=session, older_than=jobs.utcnow() - LATER, limit=10) == {}
-        found = jobs.stale_queued(session=session, older_than=jobs.utcnow() + LATER, limit=10)
+        assert jobs.stale_queued(session=session, older_than=utcnow() - LATER, limit=10) == {}
+        found = jobs.stale_queued(session=session, older_than=utcnow() + LATER, limit=10)
     assert found == {("a", 1): a, ("b", 3): b}
 
 
@@ -222,7 +223,7 @@ def test_stale_queued_skips_jobs_that_are_running_or_finished(
     claim(sessions, [running])
     with sessions.begin() as session:
         jobs.cancel(session=session, job_id=canceled)
-        found = jobs.stale_queued(session=session, older_than=jobs.utcnow() + LATER, limit=10)
+        found = jobs.stale_queued(session=session, older_than=utcnow() + LATER, limit=10)
     assert found == {("m", 1): [queued]}
 
 
@@ -231,7 +232,7 @@ def test_stale_queued_returns_the_oldest_jobs_first_up_to_limit(
 ) -> None:
     ids = make_jobs(5)
     with sessions() as session:
-        found = jobs.stale_queued(session=session, older_than=jobs.utcnow() + LATER, limit=3)
+        found = jobs.stale_queued(session=session, older_than=utcnow() + LATER, limit=3)
     assert found == {("m", 1): ids[:3]}
 
 
@@ -239,7 +240,7 @@ def test_a_job_marked_published_is_stale_again_only_after_the_cutoff_passes_it(
     make_jobs: MakeJobs, sessions: Sessions
 ) -> None:
     marked, unmarked = make_jobs(2)
-    at = jobs.utcnow() + timedelta(seconds=30)
+    at = utcnow() + timedelta(seconds=30)
     with sessions.begin() as session:
         assert jobs.mark_published(session=session, job_ids=[marked], at=at) == 1
         assert jobs.mark_published(session=session, job_ids=[], at=at) == 0
@@ -259,7 +260,7 @@ def test_mark_published_leaves_jobs_that_left_the_queue(
     (job_id,) = make_jobs()
     claim(sessions, [job_id])
     with sessions.begin() as session:
-        assert jobs.mark_published(session=session, job_ids=[job_id], at=jobs.utcnow()) == 0
+        assert jobs.mark_published(session=session, job_ids=[job_id], at=utcnow()) == 0
     assert read(sessions, job_id).published_at is None
 
 
@@ -269,7 +270,7 @@ def test_mark_published_leaves_jobs_that_left_the_queue(
 def test_purge_deletes_only_finished_jobs_that_ended_before_the_cutoff(
     make_jobs: MakeJobs, sessions: Sessions
 ) -> None:
-    now = jobs.utcnow()
+    now = utcnow()
     old_ok, old_failed, old_canceled, young_ok, queued, running = make_jobs(6)
     finish_at(sessions, old_ok, JobStatus.SUCCEEDED, now - timedelta(days=8))
     finish_at(sessions, old_failed, JobStatus.FAILED, now - timedelta(days=8))
@@ -289,7 +290,7 @@ def test_purge_deletes_only_finished_jobs_that_ended_before_the_cutoff(
 
 
 def test_purge_works_in_chunks_of_at_most_limit(make_jobs: MakeJobs, sessions: Sessions) -> None:
-    now = jobs.utcnow()
+    now = utcnow()
     ids = make_jobs(5)
     for job_id in ids:
         finish_at(sessions, job_id, JobStatus.SUCCEEDED, now - timedelta(days=8))
@@ -308,7 +309,7 @@ def test_purge_works_in_chunks_of_at_most_limit(make_jobs: MakeJobs, sessions: S
 def test_a_job_with_its_own_ttl_is_purged_after_it_and_not_by_the_default(
     sessions: Sessions,
 ) -> None:
-    now = jobs.utcnow()
+    now = utcnow()
     with sessions.begin() as session:
         short, long_kept = (
             job.id

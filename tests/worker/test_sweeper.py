@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs, presence
+from db.clock import utcnow
 from db.engine import make_engine, make_sessionmaker
 from db.models import Job, JobStatus, ModelPresence, PresenceState
 from tffleet.broker import Publisher, make_celery, queue_for
@@ -32,7 +33,7 @@ class Clock:
     """The sweeper's idea of now, moved forward by the tests."""
 
     def __init__(self) -> None:
-        self.now = jobs.utcnow()
+        self.now = utcnow()
 
     def __call__(self) -> datetime:
         return self.now

@@ -1,0 +1,72 @@
+"""When a job runs again, and when it never does: the worker's retry and attempt policy.
+
+Every path by which a job runs again
+------------------------------------
+1. The database blinked. A statement of a batch (claim, top-up, result) raised one of
+   `INFRA_ERRORS`: the batcher hands its leases back (`db.jobs.release`, running -> queued) where
+   the database still answers, and re-raises; Celery retries the task with exponential back-off
+   (`TASK_RETRY`: 1, 2, 4 ... `TASK_BACKOFF_MAX_S` apart, jittered, for as long as it takes).
+   (worker/batching.py `Batcher._hand_back`, worker/tasks.py)
+2. The child died mid-batch (SIGKILL, out of memory, a crash in TensorFlow, or the pool's
+   `task_time_limit`). Redis redelivers its message (`task_acks_late`,
+   `task_reject_on_worker_lost`: tffleet/broker.py). Its jobs are still `running` under leases
+   nobody extends: once they expire the sweeper puts them back to `queued` and publishes them
+   again (`db.jobs.expire_leases`, worker/sweeper.py).
+3. The attempt budget. Each claim counts an attempt. A job whose lease expires after its
+   `TFFLEET_MAX_ATTEMPTS`-th claim (default 3) ends `failed` / `worker_lost` instead of going
+   back: a job that kills its worker cannot loop forever (`db.jobs.expire_leases`).
+4. Alone after a loss. A queued job with `attempts > 0` was claimed before and did not end: it
+   may be what went wrong, so it never shares a batch again. Batches take only jobs never claimed
+   (`db.jobs.claim_named`, `claim_next_fresh`); such a job runs alone (`db.jobs.claim_retried`,
+   `Batcher.run`), and a job that crashes its child costs no other job an attempt.
+5. A batch ran past its time limit (`timeout_s` in model.toml, else `TFFLEET_JOB_TIMEOUT_S`). A
+   lone job fails `timeout`; the jobs of a larger batch are handed back and each runs alone (4), so
+   only the slow one fails. The child then ends itself, as the forward pass holds the device
+   (`Batcher._time_out`).
+6. A wake-up was lost. The submit's publish fails fast (`PUBLISH_RETRY_POLICY` in
+   tffleet/broker.py: the job is durable already), or Redis lost the message: the sweeper
+   publishes again every queued job whose last wake-up is older than `TFFLEET_REPUBLISH_AFTER_S`
+   (`db.jobs.stale_queued`).
+7. A message reached a child that does not hold its version while another live child does: the
+   child waits `HAND_BACK_PAUSE_S` and publishes the still-queued jobs again (`Child.turn_away`).
+8. A message delivered twice (Redis's visibility timeout, a redelivery after 2) is harmless: a
+   claim takes a queued job once, and results are fenced by the lease.
+9. The client retries its own requests (`tffleet.client.protocol.Retries`) after a transport
+   error, 429 or 503; a submit goes again under the same `Idempotency-Key`, so it never stores a
+   second job.
+
+What never runs again
+---------------------
+- A job's own fault: its forward pass raised (`model_error`; a batch that raises is split to find
+  the job, so the others still succeed), its stored inputs do not unpack (`model_error`), no
+  worker can load its version (`model_error`), it ran alone past its time limit (`timeout`). The
+  same input would fail the same way.
+- A job that used its attempt budget (`worker_lost`), and a canceled job.
+- Inputs that do not fit the model are refused at submit (422, `invalid_input`): no job is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+# Faults that are nobody's fault but the database's: hand the jobs back, retry the task.
+# IntegrityError and the like are bugs, not blinks: they fail loudly instead.
+INFRA_ERRORS = (OperationalError, InterfaceError)
+
+# The longest pause between two tries of a task that met `INFRA_ERRORS`.
+TASK_BACKOFF_MAX_S = 30
+
+# Celery's own retry of `run_batch` (its task options): 1, 2, 4 ... 30 s, jittered, no limit.
+TASK_RETRY: dict[str, Any] = {
+    "autoretry_for": INFRA_ERRORS,
+    "retry_backoff": True,
+    "retry_backoff_max": TASK_BACKOFF_MAX_S,
+    "retry_jitter": True,
+    "max_retries": None,
+}
+
+# A child that gets a message for a version only another child holds waits this long before it
+# publishes the jobs again, so that a message no idle child can run does not spin between them.
+HAND_BACK_PAUSE_S = 0.1
