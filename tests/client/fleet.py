@@ -26,7 +26,7 @@ from sqlalchemy import select
 from db import jobs, registry
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import upgrade
-from db.models import Job
+from db.models import Job, JobErrorCode
 from tests.conftest import REDIS_URL, service_missing
 from tffleet import Retries, tensors
 from tffleet.cli.process_group import free_port
@@ -98,7 +98,9 @@ class FakeWorker:
             return []
         with self._sessions.begin() as session:
             if fail is not None:
-                jobs.fail(session=session, leases=leases, code="model_error", message=fail)
+                jobs.fail(
+                    session=session, leases=leases, code=JobErrorCode.MODEL_ERROR, message=fail
+                )
             else:
                 results = [
                     (lease, tensors.pack(fake_model(tensors.unpack(lease.inputs))))
