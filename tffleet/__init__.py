@@ -17,35 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# Name -> the module that defines it; imported on first access (PEP 562).
-_LAZY: dict[str, str] = {
-    "Client": "tffleet.client.sync",
-    "AsyncClient": "tffleet.client.aio",
-    "Retries": "tffleet.client.protocol",
-    **dict.fromkeys(["Job", "JobError", "ModelInfo", "TensorSpec"], "tffleet.client.job"),
-    **dict.fromkeys(
-        [
-            "ClientError",
-            "TransportError",
-            "ConnectError",
-            "HTTPStatusError",
-            "BadRequest",
-            "NotFound",
-            "Conflict",
-            "PayloadTooLarge",
-            "UnsupportedMediaType",
-            "InvalidInput",
-            "TooManyRequests",
-            "ServiceUnavailable",
-            "ProtocolError",
-            "WaitTimeout",
-            "JobFailed",
-            "JobCanceled",
-        ],
-        "tffleet.client.errors",
-    ),
-}
-
 __all__ = [
     "AsyncClient",
     "BadRequest",
@@ -73,39 +44,42 @@ __all__ = [
     "__version__",
 ]
 
-if TYPE_CHECKING:
-    from tffleet.client.aio import AsyncClient
-    from tffleet.client.errors import (
+if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers
+    from tffleet.client import (
+        AsyncClient,
         BadRequest,
+        Client,
         ClientError,
         Conflict,
         ConnectError,
         HTTPStatusError,
         InvalidInput,
+        Job,
         JobCanceled,
+        JobError,
         JobFailed,
+        ModelInfo,
         NotFound,
         PayloadTooLarge,
         ProtocolError,
+        Retries,
         ServiceUnavailable,
+        TensorSpec,
         TooManyRequests,
         TransportError,
         UnsupportedMediaType,
         WaitTimeout,
     )
-    from tffleet.client.job import Job, JobError, ModelInfo, TensorSpec
-    from tffleet.client.protocol import Retries
-    from tffleet.client.sync import Client
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    """The client's names, imported on first use (PEP 562)."""
+    if name not in __all__:
         raise AttributeError(f"module 'tffleet' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module("tffleet.client"), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *__all__})
