@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.admission import QueueLimit
+from api.auth import Authenticator
 from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED
 from api.routes import health, jobs, models
@@ -105,6 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ingestor=Ingestor(sessions, publisher),
             reader=JobReader(reads),
             admission=QueueLimit(reads, max_queued_jobs=settings.max_queued_jobs),
+            auth=Authenticator(reads, enabled=settings.auth),
         )
         checkpointer = WalCheckpointer(engine)
         checkpointer.start()

@@ -93,24 +93,31 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
         return [results[i] for i in range(len(requests))]
 
 
-class JobReader(Coalescer[tuple[Sequence[str], str], list[JobDict]]):
-    """`await reader((job_ids, encoding))` -> the jobs in that order, or JobNotFound."""
+# Job ids, the encoding of outputs, and the tenant whose jobs they must be (None: anyone's).
+Read = tuple[Sequence[str], str, str | None]
+
+
+class JobReader(Coalescer[Read, list[JobDict]]):
+    """`await reader((job_ids, encoding, tenant))` -> the jobs in that order, or JobNotFound
+    (another tenant's job is not found)."""
 
     def __init__(self, reads: sessionmaker[Session]) -> None:
         super().__init__(self._read, name="job-reader", max_batch=4096, size=lambda r: len(r[0]))
         self._reads = reads
 
-    def _read(
-        self, requests: Sequence[tuple[Sequence[str], str]]
-    ) -> list[list[JobDict] | BaseException]:
+    def _read(self, requests: Sequence[Read]) -> list[list[JobDict] | BaseException]:
         # An id with NUL names no job, and PostgreSQL refuses NUL in a query: left out, it is
         # reported missing (404) like any unknown id.
-        wanted = list({job_id for ids, _ in requests for job_id in ids if "\x00" not in job_id})
+        wanted = list({job_id for ids, *_ in requests for job_id in ids if "\x00" not in job_id})
         with self._reads() as session:
             rows = jobs.fetch(session=session, job_ids=wanted)
         result: list[list[JobDict] | BaseException] = []
-        for ids, encoding in requests:
-            missing = [job_id for job_id in ids if job_id not in rows]
+        for ids, encoding, tenant in requests:
+            missing = [
+                job_id
+                for job_id in ids
+                if job_id not in rows or (tenant is not None and rows[job_id].tenant != tenant)
+            ]
             if missing:
                 result.append(_not_found(missing))
             else:

@@ -89,9 +89,12 @@ class ErrorOut(BaseModel):
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` for the error statuses a route may answer with."""
+    """OpenAPI `responses` for the error statuses a route may answer with; 401 for all of them
+    (every route that answers an error of its own takes an API key)."""
     described = {
         400: "Malformed JSON or header.",
+        401: "No API key, or an unknown or revoked one.",
+        403: "A route for admin keys, called with a tenant's key.",
         404: "Unknown model, version or job.",
         409: "The job already finished, or an Idempotency-Key was reused with another body.",
         413: "Body over the size limit.",
@@ -100,7 +103,10 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         429: "Queue full; see Retry-After.",
         503: "Database or broker unreachable.",
     }
-    return {status: {"model": ErrorOut, "description": described[status]} for status in statuses}
+    return {
+        status: {"model": ErrorOut, "description": described[status]}
+        for status in sorted({401, *statuses})
+    }
 
 
 class JobBatchOut(BaseModel):

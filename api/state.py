@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.admission import QueueLimit
+from api.auth import Authenticator
 from api.ingest import Ingestor, JobReader
 from api.waiter import CompletionWaiter
 from db import presence, registry
@@ -70,6 +71,7 @@ class AppState:
     ingestor: Ingestor
     reader: JobReader
     admission: QueueLimit
+    auth: Authenticator
 
 
 def get_state(request: Request) -> AppState:

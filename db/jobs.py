@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,6 +39,7 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Row,
+    RowMapping,
     Select,
     Table,
     Update,
@@ -57,7 +58,16 @@ from sqlalchemy.orm import Session
 
 from db.clock import utcnow
 from db.ids import new_job_id
-from db.models import FINISHED, Job, JobErrorCode, JobInput, JobStatus, ModelPresence, PresenceState
+from db.models import (
+    DEFAULT_TENANT,
+    FINISHED,
+    Job,
+    JobErrorCode,
+    JobInput,
+    JobStatus,
+    ModelPresence,
+    PresenceState,
+)
 from tffleet.errors import (
     IdempotencyKeyReused,
     InvalidRequest,
@@ -86,6 +96,7 @@ class NewJob:
     idempotency_key: str | None = None
     request_hash: str | None = None
     ttl_s: int | None = None  # its own retention after it ends; None: the sweeper's default
+    tenant: str = DEFAULT_TENANT
 
 
 @dataclass(frozen=True)
@@ -159,9 +170,10 @@ def create_idempotent(
 ) -> list[Submitted | TffleetError]:
     """Store keyed requests; per request, its jobs (new, or stored before) or the error to answer.
 
-    Every job carries its own `idempotency_key` and its request's `request_hash`. A key that is
-    already stored under the same hash gives back the stored job (a replay: nothing is added);
-    under another hash, the request is `IdempotencyKeyReused` and none of its jobs stays.
+    Every job carries its own `idempotency_key` and its request's `request_hash`; keys are per
+    tenant (two tenants' equal keys never meet). A key that is already stored under the same
+    hash gives back the stored job (a replay: nothing is added); under another hash, the request
+    is `IdempotencyKeyReused` and none of its jobs stays.
 
     INSERT ... ON CONFLICT DO NOTHING, so a taken key never raises: one request's conflict
     cannot fail the others that share the transaction. Of two transactions racing on a key, the
@@ -178,7 +190,7 @@ def create_idempotent(
     # and cannot deadlock. Request order within a key: the first request of a batch wins it.
     by_key = sorted(
         ((index, row, data) for index, rows in enumerate(per_request) for row, data in rows),
-        key=lambda item: (item[1]["idempotency_key"], item[0]),
+        key=lambda item: (_tenant_key(item[1]), item[0]),
     )
     if not by_key:
         return []
@@ -197,16 +209,21 @@ def create_idempotent(
                 if row["id"] in inserted
             ],
         )
-    keys = [row["idempotency_key"] for _, row, _ in by_key]
-    stored: dict[str, Row[Any]] = {}
-    for start in range(0, len(keys), _KEYS_PER_SELECT):
-        chunk = keys[start : start + _KEYS_PER_SELECT]
-        query = select(*_SUBMITTED_COLUMNS).where(_jobs.c.idempotency_key.in_(chunk))
-        stored.update((row.idempotency_key, row) for row in session.execute(query))
+    keys_by_tenant: dict[str, list[str]] = {}
+    for _, row, _ in by_key:
+        keys_by_tenant.setdefault(row["tenant"], []).append(row["idempotency_key"])
+    stored: dict[tuple[str, str], Row[Any]] = {}
+    for tenant, keys in keys_by_tenant.items():
+        for start in range(0, len(keys), _KEYS_PER_SELECT):
+            query = select(*_SUBMITTED_COLUMNS).where(
+                _jobs.c.tenant == tenant,
+                _jobs.c.idempotency_key.in_(keys[start : start + _KEYS_PER_SELECT]),
+            )
+            stored.update((_tenant_key(row._mapping), row) for row in session.execute(query))
 
     results: list[Submitted | TffleetError] = []
     for mine in per_request:
-        found = [stored.get(row["idempotency_key"]) for row, _ in mine]
+        found = [stored.get(_tenant_key(row)) for row, _ in mine]
         ours = [row["id"] for row, _ in mine if row["id"] in inserted]
         first, request_hash = mine[0][0]["idempotency_key"], mine[0][0]["request_hash"]
         error: TffleetError | None = None
@@ -229,10 +246,15 @@ def create_idempotent(
     return results
 
 
+def _tenant_key(row: Mapping[str, Any] | RowMapping) -> tuple[str, str]:
+    return row["tenant"], row["idempotency_key"]
+
+
 def _row(job: NewJob, now: datetime) -> dict[str, Any]:
     """The `jobs` row of a new job (its inputs go to `job_inputs`)."""
     return {
         "id": new_job_id(),
+        "tenant": job.tenant,
         "model": job.model,
         "version": job.version,
         "status": JobStatus.QUEUED.value,
@@ -248,10 +270,11 @@ def _row(job: NewJob, now: datetime) -> dict[str, Any]:
 
 def _insert_unless_key_taken(session: Session) -> Any:
     dialect = session.get_bind().dialect.name
+    unique = [_jobs.c.tenant, _jobs.c.idempotency_key]
     if dialect == "postgresql":
-        return pg_insert(_jobs).on_conflict_do_nothing(index_elements=[_jobs.c.idempotency_key])
+        return pg_insert(_jobs).on_conflict_do_nothing(index_elements=unique)
     if dialect == "sqlite":
-        return sqlite_insert(_jobs).on_conflict_do_nothing(index_elements=[_jobs.c.idempotency_key])
+        return sqlite_insert(_jobs).on_conflict_do_nothing(index_elements=unique)
     raise NotImplementedError(f"idempotent submit is not implemented for {dialect}")
 
 
@@ -579,8 +602,10 @@ def release(*, session: Session, leases: Sequence[Lease]) -> int:
 # ─── Cancel ───────────────────────────────────────────────────────────────────────────────────────
 
 
-def cancel(*, session: Session, job_id: str) -> Job:
-    """Cancel a queued or running job. A running job's late result is then fenced out."""
+def cancel(*, session: Session, job_id: str, tenant: str | None = None) -> Job:
+    """Cancel a queued or running job (of `tenant`, unless None). A running job's late result is
+    then fenced out."""
+    job = get(session=session, job_id=job_id, tenant=tenant)
     result = session.execute(
         update(_jobs)
         .where(
@@ -594,7 +619,6 @@ def cancel(*, session: Session, job_id: str) -> Job:
             lease_expires_at=None,
         )
     )
-    job = get(session=session, job_id=job_id)
     session.refresh(job)
     # Canceling twice is not an error; canceling a job that ran to its end is.
     if result.rowcount == 0 and job.status in _ENDED_ON_ITS_OWN:  # type: ignore[attr-defined]
@@ -822,11 +846,12 @@ def queued_ids(
     return list(session.scalars(query.order_by(_jobs.c.id).limit(limit)))
 
 
-def get(*, session: Session, job_id: str) -> Job:
+def get(*, session: Session, job_id: str, tenant: str | None = None) -> Job:
+    """A job by id; another tenant's job is not found (unless `tenant` is None: every tenant)."""
     # The state machine changes rows with Core UPDATEs, which do not touch objects this session
     # already holds: always read the row, never a stale object from the identity map.
     job = session.get(Job, job_id, populate_existing=True)
-    if job is None:
+    if job is None or (tenant is not None and job.tenant != tenant):
         raise JobNotFound(f"job {job_id!r} not found")
     return job
 
@@ -849,15 +874,19 @@ def get_many(*, session: Session, job_ids: Sequence[str]) -> list[Job]:
 def list_jobs(
     *,
     session: Session,
+    tenant: str | None = None,
     status: JobStatus | None = None,
     model: str | None = None,
     limit: int = 50,
     cursor: str | None = None,
 ) -> tuple[list[Job], str | None]:
-    """Newest first. `cursor` is the `next_cursor` of the previous page (the last id it held)."""
+    """Newest first, of one tenant (None: every tenant's). `cursor` is the `next_cursor` of the
+    previous page (the last id it held)."""
     if limit < 1:
         raise InvalidRequest(f"limit: must be at least 1, got {limit}")
     query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    if tenant is not None:
+        query = query.where(Job.tenant == tenant)
     if status is not None:
         query = query.where(Job.status == status.value)
     if model is not None:

@@ -1,4 +1,5 @@
-"""The rows: jobs, registered model versions, and which worker children hold which versions."""
+"""The rows: tenants and their API keys, jobs, registered model versions, and which worker children
+hold which versions."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     Dialect,
     ForeignKey,
@@ -16,6 +18,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
+    UniqueConstraint,
     select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, deferred, mapped_column
@@ -65,11 +68,49 @@ class JobErrorCode(enum.StrEnum):
     WORKER_LOST = "worker_lost"  # every attempt's lease expired without a result
 
 
+# The tenant of jobs stored before tenants existed, and of every request while auth is off.
+DEFAULT_TENANT = "default"
+
+
+class Tenant(Base):
+    """Who jobs belong to. Its API keys (`ApiKey`) act for it; its limits cap what it may ask.
+
+    A limit left null is the fleet's default from settings (TFFLEET_TENANT_*)."""
+
+    __tablename__ = "tenants"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # Its share of a model's batches when several tenants wait (fair share), relative to others'.
+    weight: Mapped[int] = mapped_column(Integer, default=1)
+    max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
+    max_samples_per_job: Mapped[int | None] = mapped_column(Integer)
+    max_priority: Mapped[int | None] = mapped_column(Integer)
+    max_ttl_s: Mapped[int | None] = mapped_column(Integer)
+
+
+class ApiKey(Base):
+    """An API key: `tff_<prefix>_<secret>`. Only the sha256 of the whole key is stored; the
+    prefix finds the row, and the digests are compared in constant time."""
+
+    __tablename__ = "api_keys"
+
+    prefix: Mapped[str] = mapped_column(String(16), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), ForeignKey("tenants.name"))
+    digest: Mapped[str] = mapped_column(String(64))  # sha256 hex of the whole key
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)  # sees and manages every tenant
+    note: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
 class Job(Base):
     __tablename__ = "jobs"
 
     # Time-ordered (UUIDv7 layout), so ordering by id is ordering by submission.
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    # Whose it is: the tenant of the API key that submitted it (see `Tenant`).
+    tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT)
     model: Mapped[str] = mapped_column(String(200))
     version: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value)
@@ -83,7 +124,8 @@ class Job(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     worker: Mapped[str | None] = mapped_column(String(200))
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    # Unique per tenant: two tenants may use the same key without meeting.
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -97,6 +139,9 @@ class Job(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
     __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
+        # A tenant's listing, newest first.
+        Index("ix_jobs_tenant_id", "tenant", "id"),
         # The worker's top-up query: queued jobs of one model version, by priority then age.
         Index("ix_jobs_pick", "model", "version", "status", "priority", "id"),
         Index("ix_jobs_status_id", "status", "id"),

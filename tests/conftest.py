@@ -67,6 +67,8 @@ def _truncate(engine: Engine) -> None:
         conn.execute(text("DELETE FROM jobs"))
         conn.execute(text("DELETE FROM model_versions"))
         conn.execute(text("DELETE FROM model_presence"))
+        conn.execute(text("DELETE FROM api_keys"))
+        conn.execute(text("DELETE FROM tenants WHERE name <> 'default'"))
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

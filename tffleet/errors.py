@@ -2,6 +2,8 @@
 
     TffleetError
     ├── InvalidRequest          400  a malformed request: not JSON, a cursor we never issued
+    ├── Unauthorized            401  no API key, or one that is unknown or revoked
+    ├── Forbidden               403  an admin's route called with a tenant's key
     ├── NotFound                404
     │   ├── ModelNotFound           unknown model or version
     │   └── JobNotFound             unknown job id
@@ -15,7 +17,8 @@
     └── ServiceUnavailable      503  database or broker unreachable
 
 The API maps each class to its HTTP status in one exception handler; the message always names
-the field or thing at fault.
+the field or thing at fault. Another tenant's job is NotFound, never Forbidden: its existence is
+not revealed.
 """
 
 from __future__ import annotations
@@ -34,6 +37,17 @@ class TffleetError(Exception):
 class InvalidRequest(TffleetError):
     status_code = 400
     code = "malformed_request"
+
+
+class Unauthorized(TffleetError):
+    status_code = 401
+    code = "unauthorized"
+    headers = {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(TffleetError):
+    status_code = 403
+    code = "forbidden"
 
 
 class NotFound(TffleetError):

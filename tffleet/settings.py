@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 
@@ -22,6 +23,12 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    # Every route but /healthz and /readyz takes `Authorization: Bearer <key>` (`tffleet keys`).
+    # Off only while the API listens on loopback: every request is then the `default` tenant's
+    # admin.
+    auth: bool = True
+    # /metrics without a key, for a scraper on a private network; else it takes an admin key.
+    metrics_public: bool = False
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     # Submissions are refused (429) while this many jobs are queued; 0: no limit.
     max_queued_jobs: int = Field(default=0, ge=0)
@@ -68,6 +75,16 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _auth_off_only_on_loopback(self) -> Settings:
+        if not self.auth and not is_loopback(self.api_host):
+            raise ValueError(
+                f"TFFLEET_AUTH=false is refused while the API listens on {self.api_host} "
+                "(TFFLEET_API_HOST): without keys anyone who reaches it sees and cancels every "
+                "job. Listen on 127.0.0.1, or keep auth on and make keys with `tffleet keys create`"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _timeout_below_visibility(self) -> Settings:
         # A batch past its time limit must end before Redis hands its message to another worker.
         if self.job_timeout_s >= self.visibility_timeout_s:
@@ -76,6 +93,15 @@ class Settings(BaseSettings):
                 f"TFFLEET_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s})"
             )
         return self
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 @lru_cache

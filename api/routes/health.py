@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from api.schemas import json_response
+from api.schemas import error_responses, json_response
 from api.state import StateDep
 
 router = APIRouter(tags=["health"])
@@ -48,7 +48,9 @@ async def readyz(state: StateDep) -> Response:
     )
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-async def metrics() -> Response:
-    """Prometheus metrics of this API process."""
+@router.get("/metrics", response_class=PlainTextResponse, responses=error_responses(403))
+async def metrics(request: Request, state: StateDep) -> Response:
+    """Prometheus metrics of this API process (an admin key, unless TFFLEET_METRICS_PUBLIC)."""
+    if not state.settings.metrics_public:
+        await state.auth.admin(request)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -33,6 +33,7 @@ from api.state import AppState, StateDep, get_state
 from api.validation import validate_inputs
 from db import jobs
 from db.models import FINISHED, JobStatus
+from db.tenants import Caller
 from tffleet import tensors
 from tffleet.errors import InvalidInput, InvalidRequest, JobNotFound, TffleetError
 
@@ -114,6 +115,7 @@ async def submit(
     """
     started = time.perf_counter()
     state = get_state(request)  # not a dependency: solving one costs more than the call
+    caller = await state.auth(request)  # before the body: a stranger costs no parsing
     key = _idempotency_key(request.headers.get("idempotency-key"))
     body = await read_json(request, max_bytes=state.settings.max_body_bytes)
     many = isinstance(body, dict) and "jobs" in body
@@ -121,9 +123,9 @@ async def submit(
     declared = request.headers.get("content-length", "")
     small = declared.isdigit() and int(declared) < _INLINE_BODY_BYTES
     if small and all(state.signatures.cached(s.model, s.version) for s in specs):
-        new = _prepare(state, specs, many, key)
+        new = _prepare(state, specs, many, caller, key)
     else:
-        new = await run_in_threadpool(_prepare, state, specs, many, key)
+        new = await run_in_threadpool(_prepare, state, specs, many, caller, key)
     await state.admission.admit(len(new))
     ingested = await state.ingestor(new)
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
@@ -132,9 +134,10 @@ async def submit(
         # The jobs as just stored: a first read would only say what `outs` says. An ending
         # announced before the watch starts is remembered by the waiter.
         outs = await _wait_for(
-            state, [out["id"] for out in outs], wait_s=wait, encoding=encoding, until="all",
-            known=outs,
+            state, caller, [out["id"] for out in outs], wait_s=wait, encoding=encoding,
+            until="all", known=outs,
         )  # fmt: skip
+    outs = _shown(caller, outs)
     response = json_response({"jobs": outs} if many else outs[0], 202)
     if key is not None:
         response.headers["Idempotent-Replayed"] = "true" if ingested.replayed else "false"
@@ -179,8 +182,20 @@ def _with_key(new: list[jobs.NewJob], key: str) -> list[jobs.NewJob]:
     ]
 
 
+def _shown(caller: Caller, outs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Jobs as `caller` may see them: which worker ran a job (host, pid) is for admins."""
+    if not caller.admin:
+        for out in outs:
+            out["worker"] = None
+    return outs
+
+
 def _prepare(
-    state: AppState, specs: Sequence[JobCreate], many: bool, key: str | None = None
+    state: AppState,
+    specs: Sequence[JobCreate],
+    many: bool,
+    caller: Caller,
+    key: str | None = None,
 ) -> list[jobs.NewJob]:
     """Check every job against its signature before anything is stored."""
     prepared = []
@@ -202,6 +217,7 @@ def _prepare(
                 inputs=tensors.pack(arrays),
                 priority=spec.priority,
                 ttl_s=spec.ttl_s,
+                tenant=caller.tenant,
             )
         )
     return _with_key(prepared, key) if key is not None else prepared
@@ -209,6 +225,7 @@ def _prepare(
 
 async def _wait_for(
     state: AppState,
+    caller: Caller,
     job_ids: Sequence[str],
     *,
     wait_s: float,
@@ -216,18 +233,19 @@ async def _wait_for(
     until: Literal["any", "all"] = "any",
     known: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Read the jobs; hold until one that was unfinished ends (`until="all"`: until every one
-    has), or `wait_s` passes. `known`: the jobs as the caller just read them, outputs left
-    out, which saves the first read while none of them has ended."""
+    """Read the jobs (404 unless `caller` may see every one); hold until one that was unfinished
+    ends (`until="all"`: until every one has), or `wait_s` passes. `known`: the jobs as the
+    caller just read them, outputs left out, which saves the first read while none has ended."""
+    read = (job_ids, encoding, caller.scope)
     if wait_s <= 0:
-        return await state.reader((job_ids, encoding))
+        return await state.reader(read)
     deadline = asyncio.get_running_loop().time() + wait_s
     # Watch before the first read: an announcement between the two would otherwise be missed.
     with state.waiter.watch(*job_ids) as ended:
         if known is not None and not any(out["status"] in _FINISHED for out in known):
             outs = known
         else:
-            outs = await state.reader((job_ids, encoding))
+            outs = await state.reader(read)
         pending = {out["id"] for out in outs if out["status"] not in _FINISHED}
         while pending:
             remaining = deadline - asyncio.get_running_loop().time()
@@ -238,9 +256,7 @@ async def _wait_for(
             ended.clear()
             # Woken by an announcement, or by the periodic re-check: the database decides,
             # unless the workers announced every job still pending whole.
-            outs = _from_announcements(state, outs, pending, encoding) or await state.reader(
-                (job_ids, encoding)
-            )
+            outs = _from_announcements(state, outs, pending, encoding) or await state.reader(read)
             ended_now = {out["id"] for out in outs if out["status"] in _FINISHED} & pending
             if ended_now and until == "any":
                 break
@@ -269,8 +285,10 @@ async def get_job(
     encoding: Annotated[Encoding, Query(description="`b64`: binary outputs.")] = "json",
 ) -> Response:
     """A job; with `wait`, held until it finishes or `wait` seconds pass."""
-    (out,) = await _wait_for(get_state(request), [job_id], wait_s=wait, encoding=encoding)
-    return json_response(out)
+    state = get_state(request)
+    caller = await state.auth(request)
+    outs = await _wait_for(state, caller, [job_id], wait_s=wait, encoding=encoding)
+    return json_response(_shown(caller, outs)[0])
 
 
 @router.post(
@@ -288,33 +306,37 @@ async def get_job(
 )
 async def status_many(request: Request, state: StateDep) -> Response:
     """Many jobs by id, in the order given; with `wait`, held until one of them ends."""
+    caller = await state.auth(request)
     body = await read_json(request, max_bytes=state.settings.max_body_bytes)
     try:
         query = JobStatusQuery.model_validate(body)
     except ValidationError as exc:
         raise InvalidInput(_field_errors(exc)) from None
-    outs = await _wait_for(state, query.ids, wait_s=query.wait, encoding=query.encoding)
-    return json_response({"jobs": outs})
+    outs = await _wait_for(state, caller, query.ids, wait_s=query.wait, encoding=query.encoding)
+    return json_response({"jobs": _shown(caller, outs)})
 
 
 @router.post(
     "/{job_id}/cancel", response_model=JobOut, responses=error_responses(404, 409, 422, 503)
 )
-async def cancel(job_id: str, state: StateDep) -> Response:
+async def cancel(job_id: str, request: Request, state: StateDep) -> Response:
     """Cancel a queued or running job (409 if it already finished)."""
+    caller = await state.auth(request)
 
     if "\x00" in job_id:  # no job has one, and PostgreSQL refuses NUL in a query
         raise JobNotFound(f"job {job_id!r} not found")
 
     def run() -> dict[str, Any]:
         with state.sessions.begin() as session:
-            return job_out(jobs.cancel(session=session, job_id=job_id), with_outputs=False)
+            job = jobs.cancel(session=session, job_id=job_id, tenant=caller.scope)
+            return job_out(job, with_outputs=False)
 
-    return json_response(await run_in_threadpool(run))
+    return json_response(_shown(caller, [await run_in_threadpool(run)])[0])
 
 
 @router.get("", response_model=JobList, responses=error_responses(400, 422, 503))
 async def list_jobs(
+    request: Request,
     state: StateDep,
     status: JobStatus | None = None,
     # No NUL: PostgreSQL refuses it in a query, and no model name has one.
@@ -322,14 +344,21 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Response:
-    """Jobs, newest first, filtered by status and model; pass `next_cursor` for the next page."""
+    """Jobs, newest first, filtered by status and model; pass `next_cursor` for the next page.
+    A tenant's key lists its own jobs, an admin's every tenant's."""
+    caller = await state.auth(request)
 
     def run() -> dict[str, Any]:
         with state.reads() as session:
             found, next_cursor = jobs.list_jobs(
-                session=session, status=status, model=model, limit=limit, cursor=cursor
+                session=session,
+                tenant=caller.scope,
+                status=status,
+                model=model,
+                limit=limit,
+                cursor=cursor,
             )
-            page = [job_out(job, with_outputs=False) for job in found]
+            page = _shown(caller, [job_out(job, with_outputs=False) for job in found])
             return {"jobs": page, "next_cursor": next_cursor}
 
     return json_response(await run_in_threadpool(run))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from api.schemas import ModelList, error_responses, iso_utc, json_response
@@ -38,9 +38,11 @@ router = APIRouter(tags=["models"])
 
 
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(503))
-async def list_models(state: StateDep) -> Response:
+async def list_models(request: Request, state: StateDep) -> Response:
     """Every registered model version: its signature and config, the live workers that hold it,
-    its unfinished jobs; and the versions workers failed to load."""
+    its unfinished jobs; and the versions workers failed to load (workers and load errors name
+    hosts, processes and paths: an admin key sees them, a tenant's sees none)."""
+    admin = (await state.auth(request)).admin
 
     def read() -> dict[str, Any]:
         with state.reads() as session:
@@ -60,12 +62,13 @@ async def list_models(state: StateDep) -> Response:
                     "served": v.served,
                     "retired": v.retired,
                     "retired_at": iso_utc(v.model.retired_at),
-                    "workers": [_worker(row) for row in v.holders],
+                    "workers": [_worker(row) for row in v.holders] if admin else [],
                     "queued": v.queued,
                     "running": v.running,
                 }
                 for v in found.versions
             ]
-            return {"models": models, "load_errors": [_load_error(r) for r in found.load_errors]}
+            errors = [_load_error(row) for row in found.load_errors] if admin else []
+            return {"models": models, "load_errors": errors}
 
     return json_response(await run_in_threadpool(read))

@@ -30,8 +30,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
 from api.state import AppState
-from db import jobs, registry
-from db.models import Job
+from db import jobs, registry, tenants
+from db.models import DEFAULT_TENANT, Job
 from tffleet import tensors
 from tffleet.broker import Publisher
 from tffleet.constants import JOBS_DONE_CHANNEL
@@ -116,17 +116,25 @@ def broker(redis_url: str) -> Iterator[redis.Redis]:
 
 @dataclass
 class Api:
-    """A running app: an HTTP client to it and the state its lifespan built."""
+    """A running app: an HTTP client to it (with an admin key of the `default` tenant) and the
+    state its lifespan built."""
 
     client: httpx.AsyncClient
     state: AppState
+    sessions: Sessions  # the test's database (the app's may be overridden, a dead one say)
+
+    def key(self, tenant: str, *, admin: bool = False) -> dict[str, str]:
+        """Headers with a new key of `tenant`, for `client.get(..., headers=...)`."""
+        with self.sessions.begin() as session:
+            made = tenants.create_key(session=session, tenant=tenant, admin=admin)
+        return {"Authorization": f"Bearer {made.key}"}
 
 
 OpenApi = Callable[..., AbstractAsyncContextManager[Api]]
 
 
 @pytest.fixture
-def open_api(db_url: str, redis_url: str, models: dict[str, Any]) -> OpenApi:
+def open_api(db_url: str, redis_url: str, models: dict[str, Any], sessions: Sessions) -> OpenApi:
     """Start the app (running its lifespan) with test settings, overridable per call."""
 
     @asynccontextmanager
@@ -141,7 +149,9 @@ def open_api(db_url: str, redis_url: str, models: dict[str, Any]) -> OpenApi:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://tffleet") as client:
-                yield Api(client=client, state=app.state.tffleet)
+                running = Api(client=client, state=app.state.tffleet, sessions=sessions)
+                client.headers.update(running.key(DEFAULT_TENANT, admin=True))
+                yield running
 
     return open_
 

@@ -41,6 +41,8 @@ from schemathesis.specs.openapi.checks import (
 
 from api.schemas import JobBatchCreate, JobCreate
 from api.validation import validate_inputs
+from db import tenants
+from db.models import DEFAULT_TENANT
 from tests.api.conftest import (
     MAX_BODY_BYTES,
     SIGNATURES,
@@ -73,6 +75,7 @@ class ApiProcess:
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
+    headers: dict[str, str]  # an admin key's
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-6000:]
@@ -88,7 +91,7 @@ class ApiProcess:
 
 @pytest.fixture
 def api_process(
-    db_url: str, redis_url: str, models: dict[str, Any], tmp_path: Path
+    db_url: str, redis_url: str, models: dict[str, Any], sessions: Sessions, tmp_path: Path
 ) -> Iterator[ApiProcess]:
     port = free_port()
     log = tmp_path / "api.log"
@@ -108,7 +111,10 @@ def api_process(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    running = ApiProcess(url=f"http://127.0.0.1:{port}", proc=proc, log=log)
+    with sessions.begin() as session:
+        key = tenants.create_key(session=session, tenant=DEFAULT_TENANT, admin=True).key
+    headers = {"Authorization": f"Bearer {key}"}
+    running = ApiProcess(url=f"http://127.0.0.1:{port}", proc=proc, log=log, headers=headers)
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -133,7 +139,7 @@ def api_process(
 
 @pytest.fixture
 def http(api_process: ApiProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=api_process.url, timeout=30) as client:
+    with httpx.Client(base_url=api_process.url, timeout=30, headers=api_process.headers) as client:
         yield client
 
 
@@ -150,14 +156,17 @@ def test_every_operation_answers_within_its_schema(
 
     for operation in operations:
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
-            _fuzz_operation(operation, mode, api_process.url)
+            _fuzz_operation(operation, mode, api_process.url, api_process.headers)
     api_process.assert_alive()
     # No worker runs: whatever was accepted is still there, and never more than was sent.
     assert count_jobs(sessions) <= 2 * EXAMPLES_PER_OPERATION
 
 
 def _fuzz_operation(
-    operation: schemathesis.APIOperation, mode: schemathesis.GenerationMode, url: str
+    operation: schemathesis.APIOperation,
+    mode: schemathesis.GenerationMode,
+    url: str,
+    headers: dict[str, str],
 ) -> None:
     checks = [not_a_server_error, status_code_conformance, content_type_conformance]
     if mode is schemathesis.GenerationMode.POSITIVE:
@@ -173,7 +182,7 @@ def _fuzz_operation(
     def run(case: schemathesis.Case) -> None:
         if isinstance(case.query, dict) and "wait" in case.query:
             case.query["wait"] = 0  # a long-poll on a job that exists would hold 30 s
-        response = case.call(base_url=url, timeout=30)
+        response = case.call(base_url=url, timeout=30, headers=headers)
         case.validate_response(response, checks=checks)
 
     try:

@@ -16,6 +16,7 @@ from tffleet.client.errors import (
     ClientError,
     Conflict,
     ConnectError,
+    Forbidden,
     HTTPStatusError,
     InvalidInput,
     JobCanceled,
@@ -26,6 +27,7 @@ from tffleet.client.errors import (
     ServiceUnavailable,
     TooManyRequests,
     TransportError,
+    Unauthorized,
     UnsupportedMediaType,
     WaitTimeout,
 )
@@ -40,6 +42,7 @@ __all__ = [
     "ClientError",
     "Conflict",
     "ConnectError",
+    "Forbidden",
     "HTTPStatusError",
     "InvalidInput",
     "Job",
@@ -55,6 +58,7 @@ __all__ = [
     "TensorSpec",
     "TooManyRequests",
     "TransportError",
+    "Unauthorized",
     "UnsupportedMediaType",
     "WaitTimeout",
 ]

@@ -5,6 +5,8 @@
     │   └── ConnectError            could not connect: refused, unresolvable, connect timeout
     ├── HTTPStatusError         the API answered an error: .status_code, .code, .message
     │   ├── BadRequest          400  malformed request
+    │   ├── Unauthorized        401  no API key, or an unknown or revoked one
+    │   ├── Forbidden           403  an admin's route with a tenant's key
     │   ├── NotFound            404  unknown model, version or job
     │   ├── Conflict            409  cancel of a job that already finished
     │   ├── PayloadTooLarge     413
@@ -68,6 +70,14 @@ class BadRequest(HTTPStatusError):
     pass
 
 
+class Unauthorized(HTTPStatusError):
+    pass
+
+
+class Forbidden(HTTPStatusError):
+    pass
+
+
 class NotFound(HTTPStatusError):
     pass
 
@@ -98,6 +108,8 @@ class ServiceUnavailable(HTTPStatusError):
 
 BY_STATUS: dict[int, type[HTTPStatusError]] = {
     400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,
