@@ -17,20 +17,28 @@ class Response:
 
 
 class Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str):
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        host: str,
+        api_key: str | None = None,
+    ):
         self._reader = reader
         self._writer = writer
         self._host = host.encode()
+        # Every request's headers after Host, encoded once.
+        self._headers = f"\r\nAuthorization: Bearer {api_key}".encode() if api_key else b""
 
     @classmethod
-    async def open(cls, host: str, port: int) -> Connection:
+    async def open(cls, host: str, port: int, *, api_key: str | None = None) -> Connection:
         reader, writer = await asyncio.open_connection(host, port)
-        return cls(reader, writer, f"{host}:{port}")
+        return cls(reader, writer, f"{host}:{port}", api_key)
 
     def post_bytes(self, path: str, body: bytes) -> bytes:
         """A whole POST request, encoded once and sent many times."""
         return (
-            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + self._host
+            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + self._host + self._headers
             + b"\r\nContent-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode() + b"\r\n\r\n" + body
         )  # fmt: skip
@@ -52,7 +60,12 @@ class Connection:
 
     async def get(self, path: str) -> Response:
         return await self.request(
-            b"GET " + path.encode() + b" HTTP/1.1\r\nHost: " + self._host + b"\r\n\r\n"
+            b"GET "
+            + path.encode()
+            + b" HTTP/1.1\r\nHost: "
+            + self._host
+            + self._headers
+            + b"\r\n\r\n"
         )
 
     async def close(self) -> None:

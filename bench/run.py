@@ -15,6 +15,7 @@ import asyncio
 import base64
 import functools
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -179,6 +180,10 @@ class PlainCelery:
 class Fleet:
     url: str
     port: int
+    api_key: str  # an admin key, made with `tffleet keys create`
+
+    async def connect(self) -> Connection:
+        return await Connection.open("127.0.0.1", self.port, api_key=self.api_key)
 
 
 def start_fleet(
@@ -198,10 +203,15 @@ def start_fleet(
     if migrate.wait() != 0:
         raise RuntimeError("tffleet migrate failed")
     group.started.remove(("migrate", migrate))
+    made = subprocess.run(
+        [*cli, "keys", "create", "--tenant", "bench", "--admin"],
+        env={**os.environ, **env}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    api_key = made.stdout.strip().splitlines()[-1]  # the key: alone on the last line
     group.start("worker", [*cli, "worker", "--log-level", "WARNING"], env=env)
     group.start("api", [*cli, "api", "--log-level", "warning"], env=env)
     wait_for_port(port, timeout_s=60)
-    fleet = Fleet(f"http://127.0.0.1:{port}", port)
+    fleet = Fleet(f"http://127.0.0.1:{port}", port, api_key)
     # The worker has loaded every model once it has registered all three.
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -213,7 +223,7 @@ def start_fleet(
 
 
 async def _get_json(fleet: Fleet, path: str) -> Any:
-    conn = await Connection.open("127.0.0.1", fleet.port)
+    conn = await fleet.connect()
     try:
         return orjson.loads((await conn.get(path)).body)
     finally:
@@ -238,7 +248,7 @@ def http_load(fleet: Fleet, body: bytes, *, jobs: int, clients: int) -> Result:
     """`clients` connections, each submitting a job and long-polling it, `jobs` in all."""
 
     async def run() -> Result:
-        conns = [await Connection.open("127.0.0.1", fleet.port) for _ in range(clients)]
+        conns = [await fleet.connect() for _ in range(clients)]
         for conn in conns:  # warm: every connection open, the model's path traced
             await _submit_and_wait(conn, conn.post_bytes("/v1/jobs", body))
         latencies: list[float] = []
@@ -282,7 +292,7 @@ def cnn_load(fleet: Fleet, *, jobs: int, samples: int) -> Result:
     body = orjson.dumps({"model": "cnn", "inputs": {"image": envelope}})
 
     async def run() -> Result:
-        conns = [await Connection.open("127.0.0.1", fleet.port) for _ in range(jobs)]
+        conns = [await fleet.connect() for _ in range(jobs)]
         await _submit_and_wait(conns[0], conns[0].post_bytes("/v1/jobs", body))  # warm
         cpu, started = time.process_time(), time.perf_counter()
         await asyncio.gather(*(_submit_and_wait(c, c.post_bytes("/v1/jobs", body)) for c in conns))
@@ -299,7 +309,7 @@ def sdk_bulk(fleet: Fleet, *, jobs: int) -> Result:
     from tffleet.client.sync import Client
 
     inputs = list(np.random.default_rng(3).normal(size=(jobs, 1, MLP_IN)).astype(np.float32))
-    with Client(fleet.url) as client:
+    with Client(fleet.url, api_key=fleet.api_key) as client:
         client.wait_all([j.id for j in client.submit_many("mlp", inputs[:64])])  # warm
         cpu, started = time.process_time(), time.perf_counter()
         submitted = client.submit_many("mlp", inputs)
@@ -316,7 +326,7 @@ def idle_latency(fleet: Fleet, *, jobs: int, one_request: bool = True) -> Result
     body = one_sample_body("mlp")
 
     async def run() -> Result:
-        conn = await Connection.open("127.0.0.1", fleet.port)
+        conn = await fleet.connect()
         raw = conn.post_bytes("/v1/jobs?wait=30" if one_request else "/v1/jobs", body)
 
         async def once() -> None:

@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers
         ClientError,
         Conflict,
         ConnectError,
-    Forbidden,
+        Forbidden,
         HTTPStatusError,
         InvalidInput,
         Job,
@@ -70,7 +70,7 @@ if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers
         TensorSpec,
         TooManyRequests,
         TransportError,
-    Unauthorized,
+        Unauthorized,
         UnsupportedMediaType,
         WaitTimeout,
     )

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tffleet.cli.up import FLEET_ENV, running_fleet_env
+from tffleet.fleet_env import FLEET_ENV, running_fleet_env
 
 
 def write(data_dir: Path, pid: int) -> None:

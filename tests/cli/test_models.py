@@ -3,7 +3,6 @@ the model is loaded only once the path checks out; tests/e2e/test_versions.py lo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,16 +12,6 @@ from db import presence, registry
 from db.clock import utcnow
 from db.models import PresenceState
 from tffleet.cli import main
-from tffleet.settings import get_settings
-
-
-@pytest.fixture
-def database(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The database the command uses: the one the `sessions` fixture writes to."""
-    monkeypatch.setenv("TFFLEET_DATABASE_URL", db_url)
-    get_settings.cache_clear()
-    yield db_url
-    get_settings.cache_clear()
 
 
 @pytest.mark.parametrize(

@@ -23,10 +23,10 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from db import jobs, registry
+from db import jobs, registry, tenants
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import upgrade
-from db.models import Job, JobErrorCode
+from db.models import DEFAULT_TENANT, Job, JobErrorCode
 from tests.conftest import REDIS_URL, service_missing
 from tffleet import Retries, tensors
 from tffleet.cli.process_group import free_port
@@ -64,9 +64,11 @@ def samples(n: int) -> np.ndarray:
 # Playing the worker
 
 
-def register_models(database_url: str) -> None:
+def register_models(database_url: str) -> str:
+    """Register the fake fleet's models; returns a new admin key of the `default` tenant."""
     engine = make_engine(database_url)
     with make_sessionmaker(engine).begin() as session:
+        key = tenants.create_key(session=session, tenant=DEFAULT_TENANT, admin=True).key
         for name, (inputs, outputs) in SIGNATURES.items():
             registry.register(
                 session=session,
@@ -77,6 +79,7 @@ def register_models(database_url: str) -> None:
                 outputs=outputs,
             )
     engine.dispose()
+    return key
 
 
 class FakeWorker:
@@ -151,6 +154,7 @@ class Served:
     url: str
     database_url: str
     redis_url: str
+    api_key: str  # an admin's
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +168,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     path = tmp_path_factory.mktemp("served")
     database_url = f"sqlite:///{path / 'tffleet.db'}"
     upgrade(database_url)
-    register_models(database_url)
+    api_key = register_models(database_url)
     port = free_port()
     env = {
         **os.environ,
@@ -192,7 +196,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
-        yield Served(url, database_url, REDIS_URL)
+        yield Served(url, database_url, REDIS_URL, api_key)
     finally:
         proc.terminate()
         try:

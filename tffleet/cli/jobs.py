@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tffleet.fleet_env import DEFAULT_URL
+
 if TYPE_CHECKING:
     from tffleet.client.job import Job
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 _ENVELOPE = frozenset({"b64", "dtype", "shape"})
 
 

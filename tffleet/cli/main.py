@@ -1,7 +1,8 @@
 """The `tffleet` command: parse, join a fleet `tffleet up` runs here, dispatch to a command group.
 
 Each group is a file of this package: `up` (the whole fleet on one machine), `services` (api,
-worker, sweeper, flower, migrate), `jobs` (submit, status), `models` (register, list, reload).
+worker, sweeper, flower, migrate), `jobs` (submit, status), `models` (register, list, reload),
+`keys` (create, list, revoke).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 
 from tffleet import __version__
 from tffleet.cli.jobs import add_job_commands
+from tffleet.cli.keys import add_key_commands
 from tffleet.cli.models import add_model_commands
 from tffleet.cli.services import add_service_commands
 from tffleet.cli.up import add_up_command
@@ -28,12 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_service_commands(sub)  # api, worker, sweeper, migrate, flower
     add_job_commands(sub)  # submit, status
     add_model_commands(sub)  # models register, list, reload
+    add_key_commands(sub)  # keys create, list, revoke
     return parser
 
 
 def _join_running_fleet(command: str) -> None:
     """Use the settings of a `tffleet up` running from this directory, unless set otherwise."""
-    from tffleet.cli.up import DEFAULT_DATA_DIR, FLEET_ENV, running_fleet_env
+    from tffleet.fleet_env import DEFAULT_DATA_DIR, FLEET_ENV, running_fleet_env
 
     found = {k: v for k, v in running_fleet_env().items() if k not in os.environ}
     if found:

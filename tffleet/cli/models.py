@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
+from tffleet.cli.database import DatabaseError, fail, print_table, sessions
 
 # As the repository and the API spell them (worker/repository.py, api/schemas.py).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
@@ -77,7 +77,6 @@ def _identify(args: argparse.Namespace) -> tuple[Path, str, int]:
 
 def cmd_register(args: argparse.Namespace) -> int:
     from db import registry
-    from db.engine import make_engine, make_sessionmaker
     from tffleet.settings import get_settings
     from worker.repository import ModelConfig, ModelSpec, detect_format, read_config
 
@@ -109,9 +108,8 @@ def cmd_register(args: argparse.Namespace) -> int:
     except ModelUsageError as exc:
         print(f"tffleet: {exc}", file=sys.stderr)
         return 2
-    engine = make_engine(settings.database_url)
     try:
-        with make_sessionmaker(engine).begin() as session:
+        with sessions() as made, made.begin() as session:
             registry.register(
                 session=session,
                 name=name,
@@ -121,10 +119,9 @@ def cmd_register(args: argparse.Namespace) -> int:
                 outputs=runner.outputs,
                 config=config.as_dict(),
             )
-    except SQLAlchemyError as exc:
-        return _database_error(exc)
+    except DatabaseError as exc:
+        return fail(str(exc))
     finally:
-        engine.dispose()
         close = getattr(runner, "close", None)
         if close is not None:
             close()
@@ -133,16 +130,6 @@ def cmd_register(args: argparse.Namespace) -> int:
         f"{_signature(runner.inputs)}, outputs {_signature(runner.outputs)}"
     )
     return 0
-
-
-def _database_error(exc: Exception) -> int:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    print(
-        f"tffleet: database error ({first}); is TFFLEET_DATABASE_URL right, and did "
-        f"`tffleet migrate` run?",
-        file=sys.stderr,
-    )
-    return 1
 
 
 def _signature(tensors: dict[str, dict[str, Any]]) -> str:
@@ -155,20 +142,16 @@ def _signature(tensors: dict[str, dict[str, Any]]) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from db import presence, registry
-    from db.engine import make_engine, make_sessionmaker
     from tffleet.settings import get_settings
 
     settings = get_settings()
-    engine = make_engine(settings.database_url)
     try:
-        with make_sessionmaker(engine)() as session:
+        with sessions() as made, made() as session:
             found = registry.overview(
                 session=session, live_since=presence.live_since(settings.model_poll_s)
             )
-    except SQLAlchemyError as exc:
-        return _database_error(exc)
-    finally:
-        engine.dispose()
+    except DatabaseError as exc:
+        return fail(str(exc))
     rows = [("MODEL", "VERSION", "FORMAT", "STATUS", "QUEUED", "RUNNING", "WORKERS")]
     for v in found.versions:
         status = "retired" if v.retired else "serving" if v.served else "no live worker"
@@ -179,11 +162,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             (v.model.name, str(v.model.version), v.model.format, status, str(v.queued),
              str(v.running), workers)
         )  # fmt: skip
-    widths = [max(len(cell) for cell in column) for column in zip(*rows, strict=True)]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
+    print_table(rows)
     if found.load_errors:
         print("\nLoad errors:")
         for e in found.load_errors:

@@ -46,7 +46,6 @@ def add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     flower = sub.add_parser("flower", help="run Flower, the Celery monitor")
     flower.add_argument("--address", default="127.0.0.1", help="listen address (default local)")
     flower.add_argument("--port", type=int, default=5555)
-    flower.add_argument("--basic-auth", help="user:password (default: TFFLEET_FLOWER_BASIC_AUTH)")
     flower.add_argument("--no-auth", action="store_true", help="allow running without a password")
     flower.set_defaults(func=cmd_flower)
 
@@ -161,13 +160,15 @@ def _runs_on(model_dir: Path, devices: Sequence[Device]) -> bool:
 
 
 def cmd_flower(args: argparse.Namespace) -> int:
-    auth = args.basic_auth or os.environ.get("TFFLEET_FLOWER_BASIC_AUTH")
+    auth = os.environ.get("TFFLEET_FLOWER_BASIC_AUTH")
     argv = [
         sys.executable, "-m", "celery", "-A", "worker.app", "flower",
         f"--address={args.address}", f"--port={args.port}",
     ]  # fmt: skip
+    env = dict(os.environ)
     if auth:
-        argv.append(f"--basic-auth={auth}")
+        # Through the environment (Flower reads FLOWER_*), never argv: `ps` shows argv to all.
+        env["FLOWER_BASIC_AUTH"] = auth
     elif not args.no_auth:
         print(
             "tffleet: Flower can revoke tasks and shut workers down; set "
@@ -175,7 +176,7 @@ def cmd_flower(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    os.execv(sys.executable, argv)
+    os.execve(sys.executable, argv, env)
 
 
 def cmd_sweeper(args: argparse.Namespace) -> int:

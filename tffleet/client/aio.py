@@ -18,7 +18,7 @@ import httpx
 
 from tffleet.client import plans
 from tffleet.client.job import Job, ModelInfo
-from tffleet.client.protocol import USER_AGENT, Call, Plan, Retries, build_request
+from tffleet.client.protocol import Call, Plan, Retries, build_request, connection
 from tffleet.client.sync import DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT_S
 
 __all__ = ["AsyncClient"]
@@ -32,8 +32,9 @@ class AsyncClient:
 
     def __init__(
         self,
-        url: str | httpx.URL,
+        url: str | httpx.URL | None = None,
         *,
+        api_key: str | None = None,
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT_S,
         retries: Retries | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -41,11 +42,9 @@ class AsyncClient:
     ) -> None:
         self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self._retries = retries or Retries()
+        url, headers = connection(url, api_key, headers)
         self._http = httpx.AsyncClient(
-            base_url=url,
-            timeout=self._timeout,
-            transport=transport,
-            headers={"User-Agent": USER_AGENT, **(headers or {})},
+            base_url=url, timeout=self._timeout, transport=transport, headers=headers
         )
 
     @property

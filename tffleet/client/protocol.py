@@ -25,10 +25,26 @@ from tffleet.client.errors import (
     ProtocolError,
     TransportError,
 )
+from tffleet.fleet_env import DEFAULT_URL, fleet_setting
 
 T = TypeVar("T")
 
 USER_AGENT = f"tffleet-client/{__version__}"
+
+
+def connection(
+    url: str | httpx.URL | None, api_key: str | None, headers: dict[str, str] | None
+) -> tuple[str | httpx.URL, dict[str, str]]:
+    """The API's URL and the headers every request carries. Each of URL and key comes from the
+    argument, else $TFFLEET_URL / $TFFLEET_API_KEY, else the `tffleet up` running in this
+    directory (tffleet.fleet_env); the URL last from http://127.0.0.1:8000."""
+    url = url or fleet_setting("TFFLEET_URL") or DEFAULT_URL
+    api_key = api_key or fleet_setting("TFFLEET_API_KEY")
+    sent = {"User-Agent": USER_AGENT}
+    if api_key:
+        sent["Authorization"] = f"Bearer {api_key}"
+    return url, {**sent, **(headers or {})}
+
 
 _RETRY_STATUSES = frozenset({429, 503})  # the contract: an error response leaves no job behind
 _NOT_CONNECTED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)

@@ -27,7 +27,7 @@ import httpx
 
 from tffleet.client import plans
 from tffleet.client.job import Job, ModelInfo
-from tffleet.client.protocol import USER_AGENT, Call, Plan, Retries, build_request
+from tffleet.client.protocol import Call, Plan, Retries, build_request, connection
 
 __all__ = ["Client", "Retries"]
 
@@ -47,8 +47,9 @@ class Client:
 
     def __init__(
         self,
-        url: str | httpx.URL,
+        url: str | httpx.URL | None = None,
         *,
+        api_key: str | None = None,
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT_S,
         retries: Retries | None = None,
         transport: httpx.BaseTransport | None = None,
@@ -56,11 +57,9 @@ class Client:
     ) -> None:
         self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self._retries = retries or Retries()
+        url, headers = connection(url, api_key, headers)
         self._http = httpx.Client(
-            base_url=url,
-            timeout=self._timeout,
-            transport=transport,
-            headers={"User-Agent": USER_AGENT, **(headers or {})},
+            base_url=url, timeout=self._timeout, transport=transport, headers=headers
         )
 
     @property
