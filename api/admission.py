@@ -1,48 +1,97 @@
-"""Admission: submissions are refused (429) while the queue holds `max_queued_jobs` jobs."""
+"""Admission: what a submission may ask, and whether the queue has room for it.
+
+- The fleet's queue limit, TFFLEET_MAX_QUEUED_JOBS (429 `queue_full`).
+- A tenant's quotas (`db.tenants.Limits`): its queued jobs (429 `quota_exceeded`), samples per
+  job and priority (422, checked job by job in the route), retention (cut to its longest).
+
+Counts and limits are read at most every `COUNT_TTL_S` / `LIMITS_TTL_S`: a read per submit would
+cost more than the insert. Between two counts each process adds up what it admitted, so a burst
+cannot overshoot by much more than what other API processes admit meanwhile.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import jobs
-from tffleet.errors import QueueFull
+from db import jobs, tenants
+from db.tenants import Limits
+from tffleet.errors import QueueFull, QuotaExceeded
+from tffleet.settings import Settings
 
-# The queued count is read at most this often: a count per submit would cost more than the insert.
 COUNT_TTL_S = 0.5
+LIMITS_TTL_S = 5.0
 
 
-class QueueLimit:
-    """`await limit.admit(n)` raises QueueFull if n more jobs would exceed the limit.
+class _Count:
+    """The queued jobs of one scope (the fleet, or a tenant), counted at most every TTL."""
 
-    Between two counts it adds up what it admitted, so a burst cannot overshoot by much more
-    than what other API processes admit within `COUNT_TTL_S`.
-    """
-
-    def __init__(self, reads: sessionmaker[Session], *, max_queued_jobs: int) -> None:
-        self.max_queued_jobs = max_queued_jobs
-        self._reads = reads
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
         self._lock = asyncio.Lock()
         self._counted_at = -float("inf")
-        self._queued = 0  # at the last count, plus what was admitted since
+        self.queued = 0  # at the last count, plus what was admitted since
 
-    async def admit(self, count: int) -> None:
-        if self.max_queued_jobs <= 0:
-            return
+    async def fresh(self) -> int:
         if time.monotonic() - self._counted_at >= COUNT_TTL_S:
             async with self._lock:  # one count for all the requests that find it stale
                 if time.monotonic() - self._counted_at >= COUNT_TTL_S:
-                    self._queued = await asyncio.to_thread(self._count)
+                    self.queued = await asyncio.to_thread(self._count)
                     self._counted_at = time.monotonic()
-        if self._queued + count > self.max_queued_jobs:
-            raise QueueFull(
-                f"the queue is full: {self._queued} jobs are queued and {count} more would "
-                f"exceed TFFLEET_MAX_QUEUED_JOBS={self.max_queued_jobs}; try again later"
-            )
-        self._queued += count
+        return self.queued
 
-    def _count(self) -> int:
+
+class Admission:
+    """`await admission.admit(n, tenant=..., limits=...)` raises QueueFull or QuotaExceeded if
+    `n` more queued jobs would be more than the fleet or the tenant may have."""
+
+    def __init__(self, reads: sessionmaker[Session], settings: Settings) -> None:
+        self.max_queued_jobs = settings.max_queued_jobs
+        self.defaults = Limits.defaults(settings)
+        self._reads = reads
+        self._fleet = _Count(self._counter(None))
+        self._tenants: dict[str, _Count] = {}
+        self._limits: dict[str, tuple[float, Limits]] = {}
+
+    async def limits(self, tenant: str) -> Limits:
+        """The tenant's limits (its own over the fleet's defaults), re-read every LIMITS_TTL_S."""
+        hit = self._limits.get(tenant)
+        if hit is not None and time.monotonic() - hit[0] < LIMITS_TTL_S:
+            return hit[1]
+        found = await asyncio.to_thread(self._read_limits, tenant)
+        self._limits[tenant] = (time.monotonic(), found)
+        return found
+
+    async def admit(self, count: int, *, tenant: str, limits: Limits) -> None:
+        if limits.max_queued_jobs > 0:
+            mine = self._tenants.setdefault(tenant, _Count(self._counter(tenant)))
+            queued = await mine.fresh()
+            if queued + count > limits.max_queued_jobs:
+                raise QuotaExceeded(
+                    f"tenant {tenant!r} has {queued} jobs queued, and {count} more would exceed "
+                    f"its quota of {limits.max_queued_jobs}; try again once some have run"
+                )
+        if self.max_queued_jobs > 0:
+            queued = await self._fleet.fresh()
+            if queued + count > self.max_queued_jobs:
+                raise QueueFull(
+                    f"the queue is full: {queued} jobs are queued and {count} more would "
+                    f"exceed TFFLEET_MAX_QUEUED_JOBS={self.max_queued_jobs}; try again later"
+                )
+            self._fleet.queued += count
+        if limits.max_queued_jobs > 0:
+            self._tenants[tenant].queued += count
+
+    def _counter(self, tenant: str | None) -> Callable[[], int]:
+        def count() -> int:
+            with self._reads() as session:
+                return jobs.count_queued(session=session, tenant=tenant)
+
+        return count
+
+    def _read_limits(self, tenant: str) -> Limits:
         with self._reads() as session:
-            return jobs.count_queued(session=session)
+            return tenants.limits(session=session, name=tenant, defaults=self.defaults)

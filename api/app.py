@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.admission import QueueLimit
+from api.admission import Admission
 from api.auth import Authenticator
 from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED
@@ -105,7 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             signatures=SignatureCache(sessions, poll_s=settings.model_poll_s),
             ingestor=Ingestor(sessions, publisher),
             reader=JobReader(reads),
-            admission=QueueLimit(reads, max_queued_jobs=settings.max_queued_jobs),
+            admission=Admission(reads, settings),
             auth=Authenticator(reads, enabled=settings.auth),
         )
         checkpointer = WalCheckpointer(engine)

@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.admission import QueueLimit
+from api.admission import Admission
 from api.auth import Authenticator
 from api.ingest import Ingestor, JobReader
 from api.waiter import CompletionWaiter
@@ -70,7 +70,7 @@ class AppState:
     signatures: SignatureCache
     ingestor: Ingestor
     reader: JobReader
-    admission: QueueLimit
+    admission: Admission
     auth: Authenticator
 
 

@@ -802,9 +802,11 @@ def purge_finished(
 # ─── Reads ────────────────────────────────────────────────────────────────────────────────────────
 
 
-def count_queued(*, session: Session) -> int:
-    """How many jobs wait for a worker (a count over the index `ix_jobs_status_id`)."""
-    query = select(func.count()).select_from(_jobs).where(_jobs.c.status == JobStatus.QUEUED.value)
+def count_queued(*, session: Session, tenant: str | None = None) -> int:
+    """How many jobs (of `tenant`, unless None) wait for a worker: a count over an index."""
+    query = select(func.count()).select_from(_jobs).where(_QUEUED)
+    if tenant is not None:
+        query = query.where(_jobs.c.tenant == tenant)
     return int(session.scalar(query) or 0)
 
 

@@ -140,8 +140,9 @@ class Job(Base):
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
-        # A tenant's listing, newest first.
+        # A tenant's listing, newest first; its queued jobs (quotas, fair share).
         Index("ix_jobs_tenant_id", "tenant", "id"),
+        Index("ix_jobs_tenant_status", "tenant", "status"),
         # The worker's top-up query: queued jobs of one model version, by priority then age.
         Index("ix_jobs_pick", "model", "version", "status", "priority", "id"),
         Index("ix_jobs_status_id", "status", "id"),

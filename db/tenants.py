@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from db.clock import utcnow
 from db.models import DEFAULT_TENANT, ApiKey, Tenant
 from tffleet.errors import InvalidRequest, NotFound
+from tffleet.settings import Settings
 
 KEY_PREFIX = "tff_"
 _KEY = re.compile(r"^tff_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$")
@@ -42,6 +43,53 @@ class Caller:
 
 # Who every request is while auth is off (TFFLEET_AUTH=false, loopback only).
 ANONYMOUS_ADMIN = Caller(tenant=DEFAULT_TENANT, admin=True)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one tenant may ask (see `Tenant`): the fleet's defaults where its own are null."""
+
+    max_queued_jobs: int  # 0: no limit
+    max_samples_per_job: int
+    max_priority: int
+    max_ttl_s: int
+    weight: int = 1
+
+    @classmethod
+    def defaults(cls, settings: Settings) -> Limits:
+        """The fleet's defaults (TFFLEET_TENANT_*)."""
+        return cls(
+            max_queued_jobs=settings.tenant_max_queued_jobs,
+            max_samples_per_job=settings.tenant_max_samples_per_job,
+            max_priority=settings.tenant_max_priority,
+            max_ttl_s=settings.tenant_max_ttl_s,
+        )
+
+    def over(self, tenant: Tenant | None) -> Limits:
+        """These limits with `tenant`'s own where it has them."""
+        if tenant is None:
+            return self
+        return Limits(
+            max_queued_jobs=_either(tenant.max_queued_jobs, self.max_queued_jobs),
+            max_samples_per_job=_either(tenant.max_samples_per_job, self.max_samples_per_job),
+            max_priority=_either(tenant.max_priority, self.max_priority),
+            max_ttl_s=_either(tenant.max_ttl_s, self.max_ttl_s),
+            weight=tenant.weight,
+        )
+
+
+# Each limit's allowed range, as the settings allow it (TFFLEET_TENANT_*).
+LIMIT_RANGES = {
+    "max_queued_jobs": (0, 2**31 - 1),
+    "max_samples_per_job": (1, 2**31 - 1),
+    "max_priority": (-1000, 1000),
+    "max_ttl_s": (1, 366 * 24 * 3600),
+    "weight": (1, 1000),
+}
+
+
+def _either(own: int | None, default: int) -> int:
+    return default if own is None else own
 
 
 @dataclass(frozen=True)
@@ -68,6 +116,33 @@ def ensure_tenant(*, session: Session, name: str) -> Tenant:
         tenant = Tenant(name=name, created_at=utcnow(), weight=1)
         session.add(tenant)
         session.flush()
+    return tenant
+
+
+def limits(*, session: Session, name: str, defaults: Limits) -> Limits:
+    return defaults.over(session.get(Tenant, name))
+
+
+def list_tenants(*, session: Session) -> list[Tenant]:
+    return list(session.scalars(select(Tenant).order_by(Tenant.name)))
+
+
+def set_limits(*, session: Session, name: str, **values: int | None) -> Tenant:
+    """Set a tenant's own limits (created if new); a value of None goes back to the default.
+
+    Only the limits named in `values` change: `max_queued_jobs`, `max_samples_per_job`,
+    `max_priority`, `max_ttl_s`, `weight` (None: 1)."""
+    unknown = set(values) - set(LIMIT_RANGES)
+    if unknown:
+        raise ValueError(f"set_limits: unknown limits {sorted(unknown)}")
+    for field, value in values.items():
+        low, high = LIMIT_RANGES[field]
+        if value is not None and not low <= value <= high:
+            raise InvalidRequest(f"{field}: between {low} and {high}, got {value}")
+    tenant = ensure_tenant(session=session, name=name)
+    for field, value in values.items():
+        setattr(tenant, field, 1 if field == "weight" and value is None else value)
+    session.flush()
     return tenant
 
 

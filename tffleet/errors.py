@@ -14,6 +14,7 @@
     ├── UnsupportedMediaType    415
     ├── InvalidInput            422  inputs that do not fit the model's signature
     ├── QueueFull               429  more queued jobs than TFFLEET_MAX_QUEUED_JOBS allows
+    │   └── QuotaExceeded           more queued jobs than the tenant's quota allows
     └── ServiceUnavailable      503  database or broker unreachable
 
 The API maps each class to its HTTP status in one exception handler; the message always names
@@ -95,6 +96,10 @@ class QueueFull(TffleetError):
     status_code = 429
     code = "queue_full"
     headers = {"Retry-After": "1"}
+
+
+class QuotaExceeded(QueueFull):
+    code = "quota_exceeded"
 
 
 class ServiceUnavailable(TffleetError):

@@ -33,6 +33,14 @@ class Settings(BaseSettings):
     # Submissions are refused (429) while this many jobs are queued; 0: no limit.
     max_queued_jobs: int = Field(default=0, ge=0)
 
+    # What one tenant may ask, unless its own limits say otherwise (`tffleet tenants set`).
+    # Queued jobs at once (429 `quota_exceeded` above it; 0: no limit), samples in one job (422),
+    # the highest priority (422), and the longest retention `ttl_s` (a longer one is cut to it).
+    tenant_max_queued_jobs: int = Field(default=100_000, ge=0)
+    tenant_max_samples_per_job: int = Field(default=65_536, ge=1, le=2**31 - 1)
+    tenant_max_priority: int = Field(default=10, ge=-1000, le=1000)
+    tenant_max_ttl_s: int = Field(default=30 * 24 * 3600, ge=1, le=366 * 24 * 3600)
+
     # Jobs and leases.
     lease_s: float = Field(default=120.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)

@@ -33,7 +33,7 @@ from api.state import AppState, StateDep, get_state
 from api.validation import validate_inputs
 from db import jobs
 from db.models import FINISHED, JobStatus
-from db.tenants import Caller
+from db.tenants import Caller, Limits
 from tffleet import tensors
 from tffleet.errors import InvalidInput, InvalidRequest, JobNotFound, TffleetError
 
@@ -122,11 +122,12 @@ async def submit(
     specs = _parse(JobBatchCreate, body).jobs if many else [_parse(JobCreate, body)]
     declared = request.headers.get("content-length", "")
     small = declared.isdigit() and int(declared) < _INLINE_BODY_BYTES
+    limits = await state.admission.limits(caller.tenant)
     if small and all(state.signatures.cached(s.model, s.version) for s in specs):
-        new = _prepare(state, specs, many, caller, key)
+        new = _prepare(state, specs, many, caller, limits, key)
     else:
-        new = await run_in_threadpool(_prepare, state, specs, many, caller, key)
-    await state.admission.admit(len(new))
+        new = await run_in_threadpool(_prepare, state, specs, many, caller, limits, key)
+    await state.admission.admit(len(new), tenant=caller.tenant, limits=limits)
     ingested = await state.ingestor(new)
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
     outs = ingested.jobs
@@ -195,16 +196,28 @@ def _prepare(
     specs: Sequence[JobCreate],
     many: bool,
     caller: Caller,
+    limits: Limits,
     key: str | None = None,
 ) -> list[jobs.NewJob]:
-    """Check every job against its signature before anything is stored."""
+    """Check every job against its signature and the tenant's limits before anything is
+    stored; a retention longer than the tenant's longest is cut to it."""
     prepared = []
     for index, spec in enumerate(specs):
         try:
+            if spec.priority > limits.max_priority:
+                raise InvalidInput(
+                    f"priority: at most {limits.max_priority} for tenant {caller.tenant!r}, "
+                    f"got {spec.priority}"
+                )
             signature = state.signatures.resolve(spec.model, spec.version)
             arrays, samples = validate_inputs(
                 spec.inputs, signature=signature["inputs"], model=spec.model
             )
+            if samples > limits.max_samples_per_job:
+                raise InvalidInput(
+                    f"inputs: {samples} samples; a job of tenant {caller.tenant!r} holds at most "
+                    f"{limits.max_samples_per_job} (split it into several jobs)"
+                )
         except TffleetError as exc:
             if many:
                 exc.message = f"jobs[{index}]: {exc.message}"
@@ -216,7 +229,7 @@ def _prepare(
                 samples=samples,
                 inputs=tensors.pack(arrays),
                 priority=spec.priority,
-                ttl_s=spec.ttl_s,
+                ttl_s=None if spec.ttl_s is None else min(spec.ttl_s, limits.max_ttl_s),
                 tenant=caller.tenant,
             )
         )

@@ -2,7 +2,7 @@
 
 Each group is a file of this package: `up` (the whole fleet on one machine), `services` (api,
 worker, sweeper, flower, migrate), `jobs` (submit, status), `models` (register, list, reload),
-`keys` (create, list, revoke).
+`keys` (create, list, revoke), `tenants` (list, set).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from tffleet.cli.jobs import add_job_commands
 from tffleet.cli.keys import add_key_commands
 from tffleet.cli.models import add_model_commands
 from tffleet.cli.services import add_service_commands
+from tffleet.cli.tenants import add_tenant_commands
 from tffleet.cli.up import add_up_command
 
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_job_commands(sub)  # submit, status
     add_model_commands(sub)  # models register, list, reload
     add_key_commands(sub)  # keys create, list, revoke
+    add_tenant_commands(sub)  # tenants list, set
     return parser
 
 

@@ -64,10 +64,12 @@ def upgrade() -> None:
             "uq_jobs_tenant_idempotency_key", ["tenant", "idempotency_key"]
         )
         batch_op.create_index("ix_jobs_tenant_id", ["tenant", "id"], unique=False)
+        batch_op.create_index("ix_jobs_tenant_status", ["tenant", "status"], unique=False)
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch_op:
+        batch_op.drop_index("ix_jobs_tenant_status")
         batch_op.drop_index("ix_jobs_tenant_id")
         batch_op.drop_constraint("uq_jobs_tenant_idempotency_key", type_="unique")
         batch_op.create_unique_constraint("jobs_idempotency_key_key", ["idempotency_key"])
