@@ -22,7 +22,7 @@ from api.state import AppState, SignatureCache
 from api.waiter import CompletionWaiter
 from db.engine import WalCheckpointer, make_engine, make_sessionmaker, readonly
 from tffleet import __version__
-from tffleet.broker import Publisher, make_celery
+from tffleet.broker import PUBLISH_SOCKET_TIMEOUT_S, Publisher, make_celery
 from tffleet.errors import InvalidInput, ServiceUnavailable, TffleetError
 from tffleet.settings import Settings, get_settings
 
@@ -93,7 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # closed per use, which costs more than the query on SQLite.
         engine = make_engine(settings.database_url, pool_size=20, max_overflow=40)
         sessions = make_sessionmaker(engine)
-        publisher = Publisher(make_celery(settings))
+        publisher = Publisher(make_celery(settings, socket_timeout_s=PUBLISH_SOCKET_TIMEOUT_S))
         reads = make_sessionmaker(readonly(engine))
         state = AppState(
             settings=settings,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import Row
 
 from db.models import Job, JobStatus
@@ -43,16 +44,31 @@ class JobBatchCreate(BaseModel):
     jobs: list[JobCreate] = Field(min_length=1, max_length=10_000)
 
 
+# A job id is a UUID (36 characters); anything far longer names no job.
+JOB_ID_MAX_LENGTH = 64
+JobId = Annotated[str, Field(max_length=JOB_ID_MAX_LENGTH)]
+
+
 class JobStatusQuery(BaseModel):
     """A bulk status read: these jobs, in this order."""
 
     model_config = ConfigDict(extra="forbid")
 
-    ids: list[str] = Field(min_length=1, max_length=10_000)
+    ids: list[JobId] = Field(min_length=1, max_length=10_000)
     wait: float = Field(
         default=0, ge=0, le=30, description="Hold until one of the unfinished jobs ends, seconds."
     )
     encoding: Literal["json", "b64"] = "json"
+
+    @field_validator("ids")
+    @classmethod
+    def _each_once(cls, ids: list[str]) -> list[str]:
+        # A repeated id would repeat its outputs in the answer: one request costing the API far
+        # more than it carries.
+        repeated = [job_id for job_id, n in Counter(ids).items() if n > 1]
+        if repeated:
+            raise ValueError(f"list each id once; {repeated[0]!r} is listed more than once")
+        return ids
 
 
 class JobError(BaseModel):

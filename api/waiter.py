@@ -112,7 +112,11 @@ class CompletionWaiter:
     async def _listen(self) -> None:
         backoff_s = 0.1
         while True:
-            client = aioredis.Redis.from_url(self._url)
+            # A hung Redis is found by the health check's PING (a poll re-reads the database
+            # meanwhile); a connect gives up quickly.
+            client = aioredis.Redis.from_url(
+                self._url, socket_connect_timeout=2, health_check_interval=10
+            )
             try:
                 async with client.pubsub() as pubsub:
                     await pubsub.subscribe(JOBS_DONE_CHANNEL)

@@ -19,6 +19,12 @@ log = logging.getLogger(__name__)
 # fleet that runs without one.
 _WAL_AUTOCHECKPOINT_PAGES = 25_000  # ~100 MB
 
+# PostgreSQL: a server that does not answer fails a connect in this time, and no statement runs
+# longer than this (a lock held by a stuck session, a runaway query) instead of holding a request
+# or a worker forever. Every statement tffleet runs is bounded (chunks of at most 1,000 jobs).
+CONNECT_TIMEOUT_S = 5
+STATEMENT_TIMEOUT_S = 30
+
 
 def normalize_url(url: str) -> str:
     """Use psycopg 3 for a bare `postgresql://` URL (the driver tffleet installs)."""
@@ -34,14 +40,27 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         return _sqlite_engine(url, **kwargs)
     # No pre-ping: it costs a round trip per transaction. After a server restart the first use of
     # a dead connection fails (a 503, or a task retry) and SQLAlchemy then replaces the whole pool.
-    return create_engine(url, pool_recycle=1800, **kwargs)
+    connect_args = {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "options": f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000}",
+    }
+    # hide_parameters: an error's log line names the statement, never the values bound to it
+    # (inputs, keys, idempotency keys).
+    return create_engine(
+        url, pool_recycle=1800, hide_parameters=True, connect_args=connect_args, **kwargs
+    )
 
 
 def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
     # The API and every worker child write to one file: WAL lets readers run beside the writer,
     # and BEGIN IMMEDIATE takes the write lock up front, so two writers queue on busy_timeout
     # instead of failing with "database is locked" when a read upgrades to a write.
-    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
+    engine = create_engine(
+        url,
+        connect_args={"timeout": 30, "check_same_thread": False},
+        hide_parameters=True,
+        **kwargs,
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -15,6 +15,7 @@ builds one in its lifespan, the worker in `worker.app`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 
 from celery import Celery
@@ -31,6 +32,14 @@ DEFAULT_QUEUE = f"{QUEUE_PREFIX}default"
 
 # Fail fast when Redis is away: the job is already durable and the sweeper republishes it.
 PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
+# How long a Redis call may take, for the worker (its BRPOP polls every second, well inside it)
+# and for a process that only publishes: a Redis that stops answering (not refusing: hung) then
+# costs a submission about a second, not forever.
+SOCKET_TIMEOUT_S = 5.0
+PUBLISH_SOCKET_TIMEOUT_S = 0.4
+# After a failed publish, the next ones within this time fail at once without trying: a dead or
+# hung Redis costs one submission its timeouts, not every submission.
+PUBLISH_BACKOFF_S = 1.0
 
 
 def queue_for(model: str) -> str:
@@ -38,9 +47,11 @@ def queue_for(model: str) -> str:
     return f"{QUEUE_PREFIX}{model}"
 
 
-def make_celery(settings: Settings, *, include: Iterable[str] = ()) -> Celery:
+def make_celery(
+    settings: Settings, *, include: Iterable[str] = (), socket_timeout_s: float = SOCKET_TIMEOUT_S
+) -> Celery:
     """A Celery app on the fleet's broker; `include` names the modules that define tasks (the
-    worker's), none for an app that only publishes."""
+    worker's), none for an app that only publishes (which passes PUBLISH_SOCKET_TIMEOUT_S)."""
     app = Celery("tffleet", broker=settings.broker_url, include=list(include))
     app.conf.update(
         # JSON only: a pickled message is refused, never executed.
@@ -56,7 +67,12 @@ def make_celery(settings: Settings, *, include: Iterable[str] = ()) -> Celery:
         worker_prefetch_multiplier=1,
         # A child loads and warms its models in worker_process_init; Celery must wait for it.
         worker_proc_alive_timeout=settings.model_load_timeout_s,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            "socket_timeout": socket_timeout_s,
+            "socket_connect_timeout": socket_timeout_s,
+        },
+        broker_connection_timeout=socket_timeout_s,
         # A batch's own time limit (job_timeout_s) is kept by the child itself, which then ends
         # (worker/batching.py). This is the last resort for a child stuck anywhere else (a
         # database call that never returns): the pool kills it once Redis would hand its
@@ -80,9 +96,13 @@ class Publisher:
 
     def __init__(self, celery: Celery) -> None:
         self._celery = celery
+        self._failed_at = -float("inf")  # time.monotonic() of the last failed publish
 
     def publish(self, *, model: str, version: int, job_ids: Sequence[str]) -> bool:
-        """Returns False (and logs) when the broker could not take the message."""
+        """Returns False (and logs) when the broker could not take the message, or failed one
+        less than PUBLISH_BACKOFF_S ago (the jobs stay queued for the sweeper either way)."""
+        if time.monotonic() - self._failed_at < PUBLISH_BACKOFF_S:
+            return False
         try:
             self._celery.send_task(
                 RUN_BATCH_TASK,
@@ -95,7 +115,9 @@ class Publisher:
             log.warning(
                 "publish of %d %s jobs failed (%s); they stay queued", len(job_ids), model, exc
             )
+            self._failed_at = time.monotonic()
             return False
+        self._failed_at = -float("inf")
         return True
 
     def ping(self) -> None:

@@ -6,19 +6,22 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import re
 import time
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
 
 from api.body import read_json
 from api.metrics import SUBMIT_SECONDS
 from api.schemas import (
+    JOB_ID_MAX_LENGTH,
     JobBatchCreate,
     JobBatchOut,
     JobCreate,
@@ -36,6 +39,8 @@ from db.models import FINISHED, JobStatus
 from db.tenants import Caller, Limits
 from tffleet import tensors
 from tffleet.errors import InvalidInput, InvalidRequest, JobNotFound, TffleetError
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -134,10 +139,15 @@ async def submit(
     if wait > 0:
         # The jobs as just stored: a first read would only say what `outs` says. An ending
         # announced before the watch starts is remembered by the waiter.
-        outs = await _wait_for(
-            state, caller, [out["id"] for out in outs], wait_s=wait, encoding=encoding,
-            until="all", known=outs,
-        )  # fmt: skip
+        try:
+            outs = await _wait_for(
+                state, caller, [out["id"] for out in outs], wait_s=wait, encoding=encoding,
+                until="all", known=outs,
+            )  # fmt: skip
+        except SQLAlchemyError as exc:
+            # The jobs are stored: an error now would make a client that retries without a
+            # key store them twice. Answer with them as stored; they are polled by id later.
+            log.warning("database error while waiting on stored jobs (%s); answering 202", exc)
     outs = _shown(caller, outs)
     response = json_response({"jobs": outs} if many else outs[0], 202)
     if key is not None:
@@ -292,7 +302,7 @@ def _from_announcements(
 
 @router.get("/{job_id}", response_model=JobOut, responses=error_responses(404, 422, 503))
 async def get_job(
-    job_id: str,
+    job_id: Annotated[str, Path(max_length=JOB_ID_MAX_LENGTH)],
     request: Request,
     wait: Annotated[float, Query(ge=0, le=30, description="Hold until the job ends, seconds.")] = 0,
     encoding: Annotated[Encoding, Query(description="`b64`: binary outputs.")] = "json",
@@ -332,7 +342,9 @@ async def status_many(request: Request, state: StateDep) -> Response:
 @router.post(
     "/{job_id}/cancel", response_model=JobOut, responses=error_responses(404, 409, 422, 503)
 )
-async def cancel(job_id: str, request: Request, state: StateDep) -> Response:
+async def cancel(
+    job_id: Annotated[str, Path(max_length=JOB_ID_MAX_LENGTH)], request: Request, state: StateDep
+) -> Response:
     """Cancel a queued or running job (409 if it already finished)."""
     caller = await state.auth(request)
 

@@ -239,6 +239,15 @@ class PrivateRedis:
         self.kill()
         self.start()
 
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and nothing answers, as with a hung server."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
 
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:

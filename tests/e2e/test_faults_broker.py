@@ -9,6 +9,7 @@ and nothing accepted was lost.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -198,6 +199,39 @@ def test_a_submit_while_redis_is_down_is_202_and_durable_and_runs_once_redis_is_
 
     private_redis.start()
     assert_each_ran_exactly_once(fleet, warm | accepted, model, finished_by_worker=31)
+
+
+def test_a_hung_redis_costs_a_submission_about_a_second_and_loses_no_job(
+    fleet: Fleet, private_redis: PrivateRedis, model: Any
+) -> None:
+    fleet.start_api()
+    fleet.start_sweeper()
+    fleet.start_worker()
+    warm = accept_all(fleet, inputs(1, seed=6))
+    fleet.wait_until(lambda: worker_finished(fleet) == 1, "the first job")
+
+    private_redis.pause()  # SIGSTOP: connections stay open, nothing answers
+    xs = inputs(10, seed=7)
+    took: list[float] = []
+    try:
+        with fleet.http(timeout=60) as client:
+            responses = []
+            for x in xs:
+                started = time.monotonic()
+                responses.append(
+                    client.post("/v1/jobs", json={"model": "mlp", "inputs": {"x": x.tolist()}})
+                )
+                took.append(time.monotonic() - started)
+    finally:
+        private_redis.resume()
+
+    # Not a timing target (see bench/): a bound far above the ~0.4 s one submission may spend,
+    # and far below "forever", which is what a publish without socket timeouts took.
+    print(f"submissions with Redis hung took {sorted(took)} s")
+    assert max(took) < 10, took
+    assert [r.status_code for r in responses] == [202] * len(xs), responses[0].text
+    accepted = {r.json()["id"]: x for r, x in zip(responses, xs, strict=True)}
+    assert_each_ran_exactly_once(fleet, warm | accepted, model, finished_by_worker=11)
 
 
 # (8) A message that is not JSON

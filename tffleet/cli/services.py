@@ -187,7 +187,7 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from db.engine import make_engine, make_sessionmaker
-    from tffleet.broker import Publisher, make_celery
+    from tffleet.broker import PUBLISH_SOCKET_TIMEOUT_S, Publisher, make_celery
     from tffleet.settings import get_settings
     from worker.sweeper import Sweeper
 
@@ -199,7 +199,12 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
     engine = make_engine(settings.database_url, pool_size=1)
-    sweeper = Sweeper(make_sessionmaker(engine), Publisher(make_celery(settings)), settings, client)
+    sweeper = Sweeper(
+        make_sessionmaker(engine),
+        Publisher(make_celery(settings, socket_timeout_s=PUBLISH_SOCKET_TIMEOUT_S)),
+        settings,
+        client,
+    )
     print(f"tffleet: sweeper, every {settings.sweep_interval_s:g}s", flush=True)
     try:
         sweeper.run(stop)

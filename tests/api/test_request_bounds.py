@@ -1,0 +1,70 @@
+"""One request never costs the fleet far more than it carries: each of these is a clear 4xx that
+stores nothing (or, once stored, always the 202 its jobs were given)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.ingest import JobReader
+from tests.api.conftest import Api, count_jobs
+
+pytestmark = pytest.mark.anyio
+
+Sessions = sessionmaker[Session]
+
+ONE = {"model": "mlp", "inputs": [[1.0, 2.0, 3.0, 4.0]]}
+
+
+async def test_a_status_read_naming_one_id_many_times_is_422(api: Api) -> None:
+    job_id = (await api.client.post("/v1/jobs", json=ONE)).json()["id"]
+
+    response = await api.client.post("/v1/jobs/status", json={"ids": [job_id] * 300})
+
+    assert response.status_code == 422
+    assert "list each id once" in response.json()["error"]["message"]
+    assert job_id in response.json()["error"]["message"]
+
+
+async def test_an_id_far_longer_than_any_job_id_is_422_not_a_query(api: Api) -> None:
+    long_id = "x" * 10_000
+
+    get = await api.client.get(f"/v1/jobs/{long_id}")
+    cancel = await api.client.post(f"/v1/jobs/{long_id}/cancel")
+    status = await api.client.post("/v1/jobs/status", json={"ids": [long_id]})
+
+    for response in (get, cancel, status):
+        assert response.status_code == 422, response.text
+        assert "64" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("samples", [2**40, 2**31])
+async def test_an_empty_envelope_claiming_huge_batches_is_422_not_a_stored_job(
+    api: Api, sessions: Sessions, samples: int
+) -> None:
+    # `count` takes ids of any length ([-1, -1]): zero bytes describe [samples, 0] exactly.
+    envelope = {"b64": base64.b64encode(b"").decode(), "dtype": "int32", "shape": [samples, 0]}
+
+    response = await api.client.post("/v1/jobs", json={"model": "count", "inputs": envelope})
+
+    assert response.status_code == 422, response.text
+    assert f"inputs: {samples} samples" in response.json()["error"]["message"]
+    assert count_jobs(sessions) == 0
+
+
+async def test_submit_and_wait_answers_202_once_stored_even_if_the_database_fails_meanwhile(
+    api: Api, sessions: Sessions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def database_gone(self: JobReader, requests: object) -> list[object]:
+        raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+
+    # The seam: the reads of the wait fail; the insert before it went through.
+    monkeypatch.setattr(JobReader, "_read", database_gone)
+    response = await api.client.post("/v1/jobs", params={"wait": 1}, json={"jobs": [ONE, ONE]})
+
+    assert response.status_code == 202, response.text
+    assert [job["status"] for job in response.json()["jobs"]] == ["queued", "queued"]
+    assert count_jobs(sessions) == 2
