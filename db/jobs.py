@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -67,6 +68,7 @@ from db.models import (
     JobStatus,
     ModelPresence,
     PresenceState,
+    Tenant,
 )
 from tffleet.errors import (
     IdempotencyKeyReused,
@@ -79,6 +81,7 @@ from tffleet.errors import (
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
 _inputs: Table = JobInput.__table__  # type: ignore[assignment]
+_tenants: Table = Tenant.__table__  # type: ignore[assignment]
 
 
 # ─── Shapes ───────────────────────────────────────────────────────────────────────────────────────
@@ -365,16 +368,32 @@ def claim(
     return sorted(leases, key=lambda lease: order[lease.job_id])
 
 
+def _waiting(*, fresh_only: bool) -> list[ColumnElement[bool]]:
+    """Queued jobs of the model version bound as `n_model`, `n_version`."""
+    where = [
+        _jobs.c.model == bindparam("n_model"),
+        _jobs.c.version == bindparam("n_version"),
+        _QUEUED,
+    ]
+    return [*where, _NEVER_CLAIMED] if fresh_only else where
+
+
+@functools.cache
+def _waiting_tenants_statement(*, fresh_only: bool) -> Select[tuple[str, int]]:
+    """The tenants with queued jobs of a model version, and their weights: an index probe each."""
+    return (
+        select(_tenants.c.name, _tenants.c.weight)
+        .where(exists().where(_jobs.c.tenant == _tenants.c.name, *_waiting(fresh_only=fresh_only)))
+        .order_by(_tenants.c.name)
+    )
+
+
 @functools.cache
 def _candidates_statement(*, fresh_only: bool) -> Select[tuple[str, int]]:
+    """One tenant's queued jobs of a model version, by priority then age."""
     return (
         select(_jobs.c.id, _jobs.c.samples)
-        .where(
-            _jobs.c.model == bindparam("n_model"),
-            _jobs.c.version == bindparam("n_version"),
-            _QUEUED,
-            *([_NEVER_CLAIMED] if fresh_only else []),
-        )
+        .where(_jobs.c.tenant == bindparam("n_tenant"), *_waiting(fresh_only=fresh_only))
         .order_by(_jobs.c.priority.desc(), _jobs.c.id)
         .limit(bindparam("n_limit"))
         .with_for_update(skip_locked=True)
@@ -393,7 +412,8 @@ def claim_next(
     take_oversized: bool = True,
     fresh_only: bool = False,
 ) -> list[Lease]:
-    """Claim queued jobs of one model version, by priority then age, up to `max_samples` samples.
+    """Claim queued jobs of one model version, up to `max_samples` samples: the tenants that
+    wait take turns (fair share, weighted), and a tenant's own jobs go by priority, then age.
 
     A job larger than `max_samples` is taken only alone (the worker runs it in chunks), and only
     with `take_oversized` (a caller that already holds jobs passes False: it has room for less).
@@ -401,21 +421,20 @@ def claim_next(
     """
     if max_samples <= 0:
         return []
-    candidates = session.execute(
-        _candidates_statement(fresh_only=fresh_only),
-        {"n_model": model, "n_version": version, "n_limit": max_samples},
-    ).all()
-    chosen: list[str] = []
-    room = max_samples
-    for row in candidates:
-        if row.samples <= room:
-            chosen.append(row.id)
-            room -= row.samples
-        elif not chosen and take_oversized:
-            chosen.append(row.id)
-            break
-        if room == 0:
-            break
+    params = {"n_model": model, "n_version": version, "n_limit": max_samples}
+    waiting = session.execute(_waiting_tenants_statement(fresh_only=fresh_only), params).all()
+    queues = {
+        row.name: _TenantQueue(
+            weight=max(row.weight, 1),
+            rows=deque(
+                session.execute(
+                    _candidates_statement(fresh_only=fresh_only), {**params, "n_tenant": row.name}
+                ).all()
+            ),
+        )
+        for row in waiting
+    }
+    chosen = _fair_fill(queues, room=max_samples, take_oversized=take_oversized)
     leases = _claim_ids(
         session=session, job_ids=chosen, owner=owner, lease_s=lease_s, worker=worker or owner
     )
@@ -423,51 +442,57 @@ def claim_next(
     return sorted(leases, key=lambda lease: rank[lease.job_id])
 
 
+@dataclass
+class _TenantQueue:
+    weight: int
+    rows: deque[Row[tuple[str, int]]]  # (id, samples): its queued jobs, by priority then age
+    served: int = 0  # samples taken into this batch
+
+    @property
+    def share(self) -> tuple[float, str]:
+        """Who goes next: the least served for its weight; of equals, the one waiting longest."""
+        return self.served / self.weight, self.rows[0].id
+
+
+def _fair_fill(queues: dict[str, _TenantQueue], *, room: int, take_oversized: bool) -> list[str]:
+    """Ids from the tenants' queues in turn (weighted: a tenant of weight 2 gets twice the
+    samples of a tenant of weight 1 while both wait), until `room` samples are taken."""
+    chosen: list[str] = []
+    waiting = {tenant: queue for tenant, queue in queues.items() if queue.rows}
+    while room > 0 and waiting:
+        tenant = min(waiting, key=lambda t: waiting[t].share)
+        queue = waiting[tenant]
+        row = queue.rows.popleft()
+        if not queue.rows:
+            del waiting[tenant]
+        if row.samples <= room:
+            chosen.append(row.id)
+            room -= row.samples
+            queue.served += row.samples
+        elif not chosen and take_oversized:
+            return [row.id]  # alone: the worker runs it in chunks
+    return chosen
+
+
 # ─── Isolation ────────────────────────────────────────────────────────────────────────────────────
 # A job claimed before that did not end (its worker died, its batch ran past its time
 # limit, its result could not be written) may be what went wrong: from then on it runs alone, so a
 # job that crashes its worker costs no other job an attempt. `attempts > 0` on a queued job marks
-# it. The choice holds when the rows move: `claim_named` puts it in the UPDATE itself; the others
-# choose with SELECT ... FOR UPDATE before `_claim_ids` moves the rows (PostgreSQL; SQLite
-# serializes writers).
+# it. The choice holds when the rows move: the claim's compare-and-set re-checks `attempts = 0`
+# (`fresh_only`), and `claim_retried` chooses with SELECT ... FOR UPDATE before `_claim_ids` moves
+# the row (PostgreSQL; SQLite serializes writers).
 
 
-@dataclass(frozen=True)
-class NamedClaim:
-    leases: list[Lease]  # the named jobs never claimed before, now claimed, in the order named
-    retried: list[str]  # the named jobs claimed before and queued again: for `claim_retried`
-
-
-def claim_named(
-    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
-) -> NamedClaim:
-    """`claim` for the named jobs never claimed before; the others are only reported.
-
-    One UPDATE when every named job is fresh and queued (the usual case); a SELECT more for
-    the ones it left.
-    """
-    leases = _claim_ids(
-        session=session,
-        job_ids=job_ids,
-        owner=owner,
-        lease_s=lease_s,
-        worker=worker or owner,
-        fresh_only=True,
-    )
-    order = {job_id: i for i, job_id in enumerate(job_ids)}
-    leases.sort(key=lambda lease: order[lease.job_id])
-    retried: list[str] = []
-    if len(leases) < len(set(job_ids)):
-        claimed = {lease.job_id for lease in leases}
-        rest = [job_id for job_id in job_ids if job_id not in claimed]
-        retried = list(
-            session.scalars(
-                select(_jobs.c.id)
-                .where(_jobs.c.id.in_(rest), _QUEUED, _jobs.c.attempts > 0)
-                .order_by(_jobs.c.id)
-            )
-        )
-    return NamedClaim(leases=leases, retried=retried)
+def still_queued(*, session: Session, job_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Of the named jobs, those still queued: never claimed, and claimed before (to run alone)."""
+    if not job_ids:
+        return [], []
+    rows = session.execute(
+        select(_jobs.c.id, _jobs.c.attempts)
+        .where(_jobs.c.id.in_(list(job_ids)), _QUEUED)
+        .order_by(_jobs.c.id)
+    ).all()
+    return [r.id for r in rows if r.attempts == 0], [r.id for r in rows if r.attempts > 0]
 
 
 def claim_next_fresh(**kwargs: Any) -> list[Lease]:

@@ -110,7 +110,9 @@ class Job(Base):
     # Time-ordered (UUIDv7 layout), so ordering by id is ordering by submission.
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     # Whose it is: the tenant of the API key that submitted it (see `Tenant`).
-    tenant: Mapped[str] = mapped_column(String(64), default=DEFAULT_TENANT)
+    tenant: Mapped[str] = mapped_column(
+        String(64), ForeignKey("tenants.name", name="fk_jobs_tenant"), default=DEFAULT_TENANT
+    )
     model: Mapped[str] = mapped_column(String(200))
     version: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value)
@@ -143,8 +145,9 @@ class Job(Base):
         # A tenant's listing, newest first; its queued jobs (quotas, fair share).
         Index("ix_jobs_tenant_id", "tenant", "id"),
         Index("ix_jobs_tenant_status", "tenant", "status"),
-        # The worker's top-up query: queued jobs of one model version, by priority then age.
-        Index("ix_jobs_pick", "model", "version", "status", "priority", "id"),
+        # The worker's claim: which tenants have queued jobs of a model version, then each
+        # one's by priority then age (db.jobs.claim_next).
+        Index("ix_jobs_pick", "model", "version", "status", "tenant", "priority", "id"),
         Index("ix_jobs_status_id", "status", "id"),
         Index("ix_jobs_lease", "status", "lease_expires_at"),
         # The sweeper's purge: finished jobs, oldest first.

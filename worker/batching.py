@@ -34,6 +34,8 @@ from worker.retry import INFRA_ERRORS
 log = logging.getLogger(__name__)
 
 _TOP_UP_POLL_S = 0.0005
+# Batches a message may run beyond those its named jobs fill (see `Batcher.run`).
+MAX_EXTRA_BATCHES = 4
 
 # The exit status of a child that ended itself because a batch ran past its time limit.
 TIMEOUT_EXIT_CODE = 75
@@ -125,8 +127,15 @@ class Batcher:
         runner: Runner,
         policy: BatchPolicy,
     ) -> BatchReport:
-        """Run the jobs a message names, in batches of at most `max_batch_size` jobs, each topped
-        up with other queued jobs of the same model version.
+        """Run batches of this model version until the jobs the message names have left the
+        queue. Each batch takes what the database says runs next (the waiting tenants in turn,
+        then priority, then age), not first the named jobs: a message is a hint that work waits,
+        so a tenant's one job, or a priority-10 job, never waits behind thousands of jobs that
+        other messages named.
+
+        A message runs at most `MAX_EXTRA_BATCHES` batches more than its named jobs fill; named
+        jobs still queued then (the queue is busy with work other messages carry) are published
+        again, and the task ends.
 
         A named job that was claimed before and did not end (its worker died, its batch timed
         out) may be what killed that batch: it runs alone, after the others, so a job that
@@ -136,19 +145,23 @@ class Batcher:
         where the database still answers.
         """
         report = BatchReport()
+        named = list(dict.fromkeys(job_ids))
+        fresh: list[str] = []
         retried: list[str] = []
-        step = policy.max_batch_size
-        for start in range(0, max(len(job_ids), 1), step):
-            report.add(
-                self._run_batch(
-                    retried,
-                    model=model,
-                    version=version,
-                    job_ids=job_ids[start : start + step],
-                    runner=runner,
-                    policy=policy,
-                )
+        batches = -(-max(len(named), 1) // policy.max_batch_size) + MAX_EXTRA_BATCHES
+        for _ in range(batches):
+            claimed = self._run_batch(
+                report, model=model, version=version, runner=runner, policy=policy
             )
+            if claimed >= set(named):
+                fresh, retried = [], []
+                break
+            with self.sessions() as session:
+                fresh, retried = jobs.still_queued(session=session, job_ids=named)
+            if not fresh or not claimed:
+                break
+        if fresh and claimed:  # out of batches with named jobs still waiting
+            self.wake(model, version, fresh)
         while retried:
             with self.sessions.begin() as session:
                 lease = jobs.claim_retried(
@@ -166,28 +179,27 @@ class Batcher:
 
     def _run_batch(
         self,
-        retried: list[str],
+        report: BatchReport,
         *,
         model: str,
         version: int,
-        job_ids: Sequence[str],
         runner: Runner,
         policy: BatchPolicy,
-    ) -> BatchReport:
-        """Claim and run one batch; adds to `retried` the named jobs that must run alone."""
+    ) -> set[str]:
+        """Claim and run one batch, adding to `report`; returns the ids it claimed."""
         leases: list[Lease] = []
         try:
-            self._claim(
-                leases, retried, model=model, version=version, job_ids=job_ids, policy=policy
-            )
+            self._claim(leases, model=model, version=version, policy=policy)
         except INFRA_ERRORS:
             self._hand_back(model, version, leases)
             raise
-        if not leases:
-            return BatchReport()
-        return self._run_leases(
-            model=model, version=version, leases=leases, runner=runner, policy=policy
-        )
+        if leases:
+            report.add(
+                self._run_leases(
+                    model=model, version=version, leases=leases, runner=runner, policy=policy
+                )
+            )
+        return {lease.job_id for lease in leases}
 
     def _run_leases(
         self,
@@ -287,19 +299,8 @@ class Batcher:
         log.warning("handed back %d %s jobs after a database error", released, model)
         self.wake(model, version, [lease.job_id for lease in leases])
 
-    def _claim(
-        self,
-        leases: list[Lease],
-        retried: list[str],
-        *,
-        model: str,
-        version: int,
-        job_ids: Sequence[str],
-        policy: BatchPolicy,
-    ) -> None:
-        """Claim into `leases` the named jobs still queued and never claimed before, topped up
-        with other such jobs of this model version (priority, then age); add to `retried` the
-        named jobs that were claimed before.
+    def _claim(self, leases: list[Lease], *, model: str, version: int, policy: BatchPolicy) -> None:
+        """Claim into `leases` a batch of queued jobs of this model version never claimed before.
 
         While the queue is busy (the last top-up found jobs) it waits up to max_queue_delay_ms for
         more to arrive; at idle a lone job runs at once instead of waiting for company.
@@ -308,12 +309,10 @@ class Batcher:
         deadline = time.monotonic() + policy.max_queue_delay_ms / 1000
         topped_up = False
         with self.sessions.begin() as session:
-            named = jobs.claim_named(
-                session=session, job_ids=job_ids, owner=self.owner, lease_s=self.lease_s
-            )
-            more = self._top_up(session, model, version, named.leases, policy)
-        leases.extend(named.leases)
-        retried.extend(named.retried)
+            claimed = self._top_up(session, model, version, leases, policy)
+        # The first job is the one the wake-up was for; any more were waiting beside it.
+        leases.extend(claimed[:1])
+        more = claimed[1:]
         while more or (self._queue_busy and leases and time.monotonic() < deadline):
             topped_up = topped_up or bool(more)
             leases.extend(more)

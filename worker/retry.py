@@ -17,7 +17,7 @@ Every path by which a job runs again
    back: a job that kills its worker cannot loop forever (`db.jobs.expire_leases`).
 4. Alone after a loss. A queued job with `attempts > 0` was claimed before and did not end: it
    may be what went wrong, so it never shares a batch again. Batches take only jobs never claimed
-   (`db.jobs.claim_named`, `claim_next_fresh`); such a job runs alone (`db.jobs.claim_retried`,
+   (`db.jobs.claim_next_fresh`); such a job runs alone (`db.jobs.claim_retried`,
    `Batcher.run`), and a job that crashes its child costs no other job an attempt.
 5. A batch ran past its time limit (`timeout_s` in model.toml, else `TFFLEET_JOB_TIMEOUT_S`). A
    lone job fails `timeout`; the jobs of a larger batch are handed back and each runs alone (4), so

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import jobs
+from db import jobs, tenants
+from db.models import DEFAULT_TENANT
 
 MakeJobs = Callable[..., list[str]]
 
@@ -23,6 +24,7 @@ def make_jobs(sessions: sessionmaker[Session]) -> MakeJobs:
         version: int = 1,
         samples: int = 1,
         priority: int = 0,
+        tenant: str = DEFAULT_TENANT,
     ) -> list[str]:
         new = [
             jobs.NewJob(
@@ -31,10 +33,12 @@ def make_jobs(sessions: sessionmaker[Session]) -> MakeJobs:
                 samples=samples,
                 inputs=b"in",
                 priority=priority,
+                tenant=tenant,
             )
             for _ in range(count)
         ]
         with sessions.begin() as session:
+            tenants.ensure_tenant(session=session, name=tenant)
             return [row.id for row in jobs.create(session=session, jobs=new)]
 
     return make

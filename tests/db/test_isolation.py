@@ -27,7 +27,7 @@ def status(sessions: Sessions, job_id: str) -> tuple[str, int]:
         return job.status, job.attempts
 
 
-def test_claim_named_takes_the_fresh_jobs_in_the_order_named_and_reports_the_retried(
+def test_still_queued_tells_the_named_jobs_never_claimed_from_those_claimed_before(
     make_jobs: MakeJobs, sessions: Sessions
 ) -> None:
     fresh_a, retried, fresh_b, taken, canceled = make_jobs(5)
@@ -36,17 +36,13 @@ def test_claim_named_takes_the_fresh_jobs_in_the_order_named_and_reports_the_ret
         jobs.claim(session=session, job_ids=[taken], owner="other", lease_s=60)
         jobs.cancel(session=session, job_id=canceled)
 
-    with sessions.begin() as session:
-        named = jobs.claim_named(
-            session=session,
-            job_ids=[fresh_b, canceled, retried, taken, fresh_a],
-            owner="w1",
-            lease_s=60,
+    with sessions() as session:
+        fresh, again = jobs.still_queued(
+            session=session, job_ids=[fresh_b, canceled, retried, taken, fresh_a]
         )
 
-    assert [lease.job_id for lease in named.leases] == [fresh_b, fresh_a]
-    assert all(lease.attempt == 1 and lease.owner == "w1" for lease in named.leases)
-    assert named.retried == [retried]
+    assert fresh == [fresh_a, fresh_b]
+    assert again == [retried]
     assert status(sessions, retried) == (JobStatus.QUEUED, 1)  # reported, not claimed
 
 
@@ -85,7 +81,7 @@ def test_claim_retried_takes_one_job_at_a_time_oldest_first(
     assert status(sessions, fresh) == (JobStatus.QUEUED, 0)
 
 
-def test_racing_named_and_top_up_claims_each_job_goes_to_exactly_one(
+def test_racing_claims_of_fresh_and_retried_jobs_each_job_goes_to_exactly_one(
     make_jobs: MakeJobs, sessions: Sessions
 ) -> None:
     ids = make_jobs(60)
@@ -95,15 +91,18 @@ def test_racing_named_and_top_up_claims_each_job_goes_to_exactly_one(
     errors: list[BaseException] = []
 
     def named(owner: str, order: list[str]) -> None:
+        """As a message runs: batches of fresh jobs, then the named jobs lost before, alone."""
         try:
             barrier.wait(timeout=10)
             with sessions.begin() as session:
-                claim = jobs.claim_named(session=session, job_ids=order, owner=owner, lease_s=60)
-            taken = [lease.job_id for lease in claim.leases]
+                leases = jobs.claim_next_fresh(
+                    session=session, model="m", version=1, owner=owner, lease_s=60, max_samples=5
+                )
+            taken = [lease.job_id for lease in leases]
             while True:
                 with sessions.begin() as session:
                     lease = jobs.claim_retried(
-                        session=session, job_ids=claim.retried, owner=owner, lease_s=60
+                        session=session, job_ids=order, owner=owner, lease_s=60
                     )
                 if lease is None:
                     break

@@ -235,8 +235,8 @@ def test_a_database_error_while_topping_up_hands_back_what_was_claimed(
     def flaky(**kwargs: Any) -> list[jobs.Lease]:
         nonlocal calls
         calls += 1
-        if calls == 1:  # the first top-up takes one job; the next one finds the database gone
-            return real(**{**kwargs, "max_samples": 1})
+        if calls == 1:  # the first claim takes two jobs; the next top-up finds the database gone
+            return real(**{**kwargs, "max_samples": 2})
         raise OperationalError("SELECT", {}, Exception("connection refused"))
 
     monkeypatch.setattr(jobs, "claim_next_fresh", flaky)

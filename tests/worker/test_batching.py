@@ -12,10 +12,11 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.schemas import job_out
-from db import jobs
-from db.models import Job, JobStatus
+from db import jobs, tenants
+from db.models import DEFAULT_TENANT, Job, JobStatus
 from tffleet import tensors
 from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
+from worker import batching
 from worker.batching import Batcher, BatchPolicy, BatchReport, run_leases
 
 Sessions = sessionmaker[Session]
@@ -60,7 +61,13 @@ def samples(n: int, seed: int) -> np.ndarray:
 
 
 def submit(
-    sessions: Sessions, x: np.ndarray, *, model: str = "m", version: int = 1, priority: int = 0
+    sessions: Sessions,
+    x: np.ndarray,
+    *,
+    model: str = "m",
+    version: int = 1,
+    priority: int = 0,
+    tenant: str = DEFAULT_TENANT,
 ) -> str:
     new = jobs.NewJob(
         model=model,
@@ -68,8 +75,10 @@ def submit(
         samples=len(x),
         inputs=tensors.pack({"x": x}),
         priority=priority,
+        tenant=tenant,
     )
     with sessions.begin() as session:
+        tenants.ensure_tenant(session=session, name=tenant)
         (row,) = jobs.create(session=session, jobs=[new])
         return row.id
 
@@ -356,6 +365,48 @@ def test_a_message_naming_more_jobs_than_max_batch_size_runs_them_in_batches(
     assert report.claimed == 5 and report.succeeded == 5
     assert runner.sizes == [2, 2, 1]
     assert batch.notified == [named[0:2], named[2:4], named[4:5]]
+
+
+def test_a_message_is_a_hint_another_tenants_later_job_runs_in_its_first_batch(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    bulk = [submit(sessions, samples(1, seed=i), tenant="a") for i in range(8)]
+    late = submit(sessions, samples(1, seed=99), tenant="b")
+
+    report = batch.run(bulk[:4], FakeRunner(), policy(max_batch_size=4, buckets=(1, 2, 4)))
+
+    assert late in batch.notified[0]
+    assert report.claimed == 8  # two batches: until every named job had left the queue
+    for job_id in [*bulk[:4], late]:
+        assert read(sessions, job_id).status == JobStatus.SUCCEEDED
+
+
+def test_a_message_is_a_hint_a_later_urgent_job_runs_in_its_first_batch(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    bulk = [submit(sessions, samples(1, seed=i)) for i in range(8)]
+    urgent = submit(sessions, samples(1, seed=99), priority=10)
+
+    batch.run(bulk[:4], FakeRunner(), policy(max_batch_size=4, buckets=(1, 2, 4)))
+
+    assert batch.notified[0][0] == urgent
+
+
+def test_a_message_that_runs_out_of_batches_publishes_its_named_jobs_again(
+    sessions: Sessions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batching, "MAX_EXTRA_BATCHES", 0)
+    woken: list[list[str]] = []
+    runs = BatchRun(sessions)
+    runs.batcher.wake = lambda model, version, ids: woken.append(list(ids))
+    urgent = [submit(sessions, samples(1, seed=i), priority=5) for i in range(2)]
+    named = submit(sessions, samples(1, seed=9))
+
+    runs.run([named], FakeRunner(), policy(max_batch_size=2, buckets=(1, 2)))
+
+    assert read(sessions, urgent[0]).status == JobStatus.SUCCEEDED
+    assert woken == [[named]]
+    assert read(sessions, named).status == JobStatus.QUEUED
 
 
 # claims

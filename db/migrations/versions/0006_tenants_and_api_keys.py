@@ -65,10 +65,21 @@ def upgrade() -> None:
         )
         batch_op.create_index("ix_jobs_tenant_id", ["tenant", "id"], unique=False)
         batch_op.create_index("ix_jobs_tenant_status", ["tenant", "status"], unique=False)
+        batch_op.create_foreign_key("fk_jobs_tenant", "tenants", ["tenant"], ["name"])
+        # The claim goes tenant by tenant (fair share): the tenant comes before the priority.
+        batch_op.drop_index("ix_jobs_pick")
+        batch_op.create_index(
+            "ix_jobs_pick", ["model", "version", "status", "tenant", "priority", "id"], unique=False
+        )
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch_op:
+        batch_op.drop_index("ix_jobs_pick")
+        batch_op.create_index(
+            "ix_jobs_pick", ["model", "version", "status", "priority", "id"], unique=False
+        )
+        batch_op.drop_constraint("fk_jobs_tenant", type_="foreignkey")
         batch_op.drop_index("ix_jobs_tenant_status")
         batch_op.drop_index("ix_jobs_tenant_id")
         batch_op.drop_constraint("uq_jobs_tenant_idempotency_key", type_="unique")
