@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # /metrics without a key, for a scraper on a private network; else it takes an admin key.
     metrics_public: bool = False
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    # JSON items (numbers in nested lists, mostly) one body may hold: parsing and converting
+    # them holds the API process ~0.5 s per million here, every other request waiting. Large
+    # tensors go as binary envelopes instead (413 above; the Python client sends those).
+    max_json_items: int = Field(default=250_000, gt=0)
     # Submissions are refused (429) while this many jobs are queued; 0: no limit.
     max_queued_jobs: int = Field(default=0, ge=0)
 

@@ -122,7 +122,11 @@ async def submit(
     state = get_state(request)  # not a dependency: solving one costs more than the call
     caller = await state.auth(request)  # before the body: a stranger costs no parsing
     key = _idempotency_key(request.headers.get("idempotency-key"))
-    body = await read_json(request, max_bytes=state.settings.max_body_bytes)
+    body = await read_json(
+        request,
+        max_bytes=state.settings.max_body_bytes,
+        max_items=state.settings.max_json_items,
+    )
     many = isinstance(body, dict) and "jobs" in body
     specs = _parse(JobBatchCreate, body).jobs if many else [_parse(JobCreate, body)]
     declared = request.headers.get("content-length", "")
@@ -330,7 +334,11 @@ async def get_job(
 async def status_many(request: Request, state: StateDep) -> Response:
     """Many jobs by id, in the order given; with `wait`, held until one of them ends."""
     caller = await state.auth(request)
-    body = await read_json(request, max_bytes=state.settings.max_body_bytes)
+    body = await read_json(
+        request,
+        max_bytes=state.settings.max_body_bytes,
+        max_items=state.settings.max_json_items,
+    )
     try:
         query = JobStatusQuery.model_validate(body)
     except ValidationError as exc:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import base64
 
+import numpy as np
 import pytest
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.ingest import JobReader
-from tests.api.conftest import Api, count_jobs
+from tests.api.conftest import Api, OpenApi, count_jobs
 
 pytestmark = pytest.mark.anyio
 
@@ -68,3 +69,22 @@ async def test_submit_and_wait_answers_202_once_stored_even_if_the_database_fail
     assert response.status_code == 202, response.text
     assert [job["status"] for job in response.json()["jobs"]] == ["queued", "queued"]
     assert count_jobs(sessions) == 2
+
+
+async def test_a_body_of_more_json_items_than_the_limit_is_413_before_it_is_parsed(
+    open_api: OpenApi, sessions: Sessions
+) -> None:
+    rows = [[1.0, 2.0, 3.0, 4.0]] * 5000  # 20,000 numbers, 100+ KB: parsed off the loop
+    async with open_api(max_json_items=10_000, max_body_bytes=1 << 20) as api:
+        refused = await api.client.post("/v1/jobs", json={"model": "mlp", "inputs": rows})
+        envelope = {
+            "b64": base64.b64encode(np.ones((5000, 4), np.float32).tobytes()).decode(),
+            "dtype": "float32",
+            "shape": [5000, 4],
+        }
+        accepted = await api.client.post("/v1/jobs", json={"model": "mlp", "inputs": envelope})
+
+    assert refused.status_code == 413
+    assert "binary envelopes" in refused.json()["error"]["message"]
+    assert accepted.status_code == 202, accepted.text  # the same tensor, as bytes
+    assert count_jobs(sessions) == 1
