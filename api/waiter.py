@@ -40,6 +40,7 @@ class CompletionWaiter:
         # job id -> (when announced, the job as announced while it was watched)
         self._recent: OrderedDict[str, tuple[float, EndedJob | None]] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
+        self.watches = 0  # requests holding a watch now
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="completion-waiter")
@@ -68,9 +69,11 @@ class CompletionWaiter:
             self._waiters[job_id].add(event)
             if job_id in self._recent:
                 event.set()
+        self.watches += 1
         try:
             yield event
         finally:
+            self.watches -= 1
             for job_id in job_ids:
                 waiting = self._waiters.get(job_id)
                 if waiting is not None:

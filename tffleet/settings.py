@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     # /metrics without a key, for a scraper on a private network; else it takes an admin key.
     metrics_public: bool = False
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    # Long-polls one API process holds at once; past it a `wait` is answered at once, as a poll.
+    max_long_polls: int = Field(default=10_000, ge=0)
     # JSON items (numbers in nested lists, mostly) one body may hold: parsing and converting
     # them holds the API process ~0.5 s per million here, every other request waiting. Large
     # tensors go as binary envelopes instead (413 above; the Python client sends those).

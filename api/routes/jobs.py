@@ -264,7 +264,9 @@ async def _wait_for(
     ends (`until="all"`: until every one has), or `wait_s` passes. `known`: the jobs as the
     caller just read them, outputs left out, which saves the first read while none has ended."""
     read = (job_ids, encoding, caller.scope)
-    if wait_s <= 0:
+    if wait_s <= 0 or state.waiter.watches >= state.settings.max_long_polls:
+        # Past the limit a long-poll is answered at once: the client asks again, and no flood of
+        # held requests holds this process's memory and sockets.
         return await state.reader(read)
     deadline = asyncio.get_running_loop().time() + wait_s
     # Watch before the first read: an announcement between the two would otherwise be missed.

@@ -3,6 +3,7 @@ stores nothing (or, once stored, always the 202 its jobs were given)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import numpy as np
@@ -88,3 +89,15 @@ async def test_a_body_of_more_json_items_than_the_limit_is_413_before_it_is_pars
     assert "binary envelopes" in refused.json()["error"]["message"]
     assert accepted.status_code == 202, accepted.text  # the same tensor, as bytes
     assert count_jobs(sessions) == 1
+
+
+async def test_past_the_long_poll_limit_a_wait_is_answered_at_once(open_api: OpenApi) -> None:
+    async with open_api(max_long_polls=0) as api:
+        job_id = (await api.client.post("/v1/jobs", json=ONE)).json()["id"]
+        started = asyncio.get_running_loop().time()
+        response = await api.client.get(f"/v1/jobs/{job_id}", params={"wait": 20})
+        held_s = asyncio.get_running_loop().time() - started
+
+    assert response.status_code == 200
+    assert response.json()["status"] == "queued"
+    assert held_s < 10  # not held for its 20 s: the limit, not the machine's speed
