@@ -52,7 +52,8 @@ class Fleet:
 
     def http(self, **kwargs: Any) -> httpx.Client:
         """A client of the API with the admin key."""
-        return httpx.Client(base_url=self.url, headers=self.headers, **kwargs)
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return httpx.Client(base_url=self.url, headers=headers, **kwargs)
 
     def get(self, path: str) -> httpx.Response:
         with self.http(timeout=30) as client:
