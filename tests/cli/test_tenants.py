@@ -20,11 +20,12 @@ def test_set_changes_only_the_limits_named_and_default_puts_one_back(
     database: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["tenants", "set", "acme", "--max-queued-jobs", "500", "--max-priority", "3"]) == 0
-    assert main(["tenants", "set", "acme", "--max-samples-per-job", "64"]) == 0
+    assert main(["tenants", "set", "acme", "--max-samples-per-job", "64", "--weight", "3"]) == 0
     assert main(["tenants", "set", "acme", "--max-priority", "default"]) == 0
 
     found = limits_of(sessions, "acme")
     assert (found.max_queued_jobs, found.max_samples_per_job, found.max_priority) == (500, 64, 10)
+    assert found.weight == 3
     assert "max_samples_per_job 64" in capsys.readouterr().out
 
 

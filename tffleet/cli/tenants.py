@@ -1,4 +1,4 @@
-"""`tffleet tenants list | set`: each tenant's quotas, straight in the fleet's database.
+"""`tffleet tenants list | set`: each tenant's quotas and weight, in the fleet's database.
 
 A limit a tenant has no value of its own for is the fleet's default (TFFLEET_TENANT_*); `set`
 changes only the limits it is given, and `default` puts one back to the fleet's default. The API
@@ -21,6 +21,7 @@ _LIMITS = {
     "max_samples_per_job": "samples in one job (422 above)",
     "max_priority": "the highest priority its jobs may ask for (422 above)",
     "max_ttl_s": "the longest retention `ttl_s` (a longer one is cut to it)",
+    "weight": "its share of a model's batches while other tenants wait too (default 1)",
 }
 
 
@@ -66,12 +67,12 @@ def cmd_list(args: argparse.Namespace) -> int:
             rows = [(t.name, defaults.over(t)) for t in tenants.list_tenants(session=session)]
     except DatabaseError as exc:
         return fail(str(exc))
-    table = [("TENANT", "MAX QUEUED", "MAX SAMPLES/JOB", "MAX PRIORITY", "MAX TTL S")]
+    table = [("TENANT", "MAX QUEUED", "MAX SAMPLES/JOB", "MAX PRIORITY", "MAX TTL S", "WEIGHT")]
     for name, limits in rows:
         queued = str(limits.max_queued_jobs) if limits.max_queued_jobs else "no limit"
         table.append(
             (name, queued, str(limits.max_samples_per_job), str(limits.max_priority),
-             str(limits.max_ttl_s))
+             str(limits.max_ttl_s), str(limits.weight))
         )  # fmt: skip
     print_table(table)
     return 0
