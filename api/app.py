@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.admission import Admission
@@ -20,6 +21,7 @@ from api.routes import health, jobs, models
 from api.schemas import JobBatchCreate, JobCreate, JobStatusQuery, json_response
 from api.state import AppState, SignatureCache
 from api.waiter import CompletionWaiter
+from db import secrets as fleet_secrets
 from db.engine import WalCheckpointer, make_engine, make_sessionmaker, readonly
 from tffleet import __version__
 from tffleet.broker import PUBLISH_SOCKET_TIMEOUT_S, Publisher, make_celery
@@ -84,6 +86,14 @@ def _with_body_schemas(app: FastAPI) -> Any:
     return openapi
 
 
+def announcement_key(sessions: sessionmaker[Session]) -> Callable[[], bytes]:
+    def read() -> bytes:
+        with sessions() as session:
+            return fleet_secrets.get(session=session, name=fleet_secrets.ANNOUNCEMENTS)
+
+    return read
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -101,7 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             sessions=sessions,
             reads=reads,
             publisher=publisher,
-            waiter=CompletionWaiter(settings.broker_url),
+            waiter=CompletionWaiter(settings.broker_url, key=announcement_key(sessions)),
             signatures=SignatureCache(sessions, poll_s=settings.model_poll_s),
             ingestor=Ingestor(sessions, publisher),
             reader=JobReader(reads),

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import redis.asyncio as aioredis
 
@@ -34,8 +34,16 @@ class CompletionWaiter:
     remember_s = 30.0
     _REMEMBER_MAX = 100_000
 
-    def __init__(self, redis_url: str) -> None:
+    # How often to try again to read the announcement key while the database does not answer.
+    key_retry_s = 10.0
+
+    def __init__(self, redis_url: str, key: Callable[[], bytes] | None = None) -> None:
         self._url = redis_url
+        # Reads the key that signs announcements (db.secrets); until it has, every announcement
+        # is taken for ids only and its watchers read the database.
+        self._read_key = key
+        self.key: bytes | None = None
+        self._key_tried_at = -float("inf")
         self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
         # job id -> (when announced, the job as announced while it was watched)
         self._recent: OrderedDict[str, tuple[float, EndedJob | None]] = OrderedDict()
@@ -112,6 +120,17 @@ class CompletionWaiter:
             for event in events:
                 event.set()
 
+    async def _ensure_key(self) -> None:
+        if self.key is not None or self._read_key is None:
+            return
+        if time.monotonic() - self._key_tried_at < self.key_retry_s:
+            return
+        self._key_tried_at = time.monotonic()
+        try:
+            self.key = await asyncio.to_thread(self._read_key)
+        except Exception as exc:  # the database is away: announcements stay hints meanwhile
+            log.warning("cannot read the announcement key (%s); long-polls read the database", exc)
+
     async def _listen(self) -> None:
         backoff_s = 0.1
         while True:
@@ -126,7 +145,12 @@ class CompletionWaiter:
                     backoff_s = 0.1
                     async for message in pubsub.listen():
                         if message["type"] == "message":
-                            self._wake(announcements.decode(message["data"], wanted=self._waiters))
+                            await self._ensure_key()
+                            self._wake(
+                                announcements.decode(
+                                    message["data"], key=self.key, wanted=self._waiters
+                                )
+                            )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

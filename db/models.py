@@ -89,6 +89,16 @@ class Tenant(Base):
     max_ttl_s: Mapped[int | None] = mapped_column(Integer)
 
 
+class FleetSecret(Base):
+    """A secret the fleet's own processes share through the database, which only they reach
+    (`db.secrets`): the key that signs completion announcements, say."""
+
+    __tablename__ = "fleet_secrets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(128))
+
+
 class ApiKey(Base):
     """An API key: `tff_<prefix>_<secret>`. Only the sha256 of the whole key is stored; the
     prefix finds the row, and the digests are compared in constant time."""

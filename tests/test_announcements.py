@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from datetime import UTC, datetime
 
 import orjson
@@ -23,14 +25,33 @@ JOB = EndedJob(
 )
 
 
-def test_ids_and_whole_jobs_round_trip_exactly() -> None:
-    message = announcements.encode(["plain-id", JOB])
+KEY = b"0123456789abcdef" * 4
 
-    assert announcements.decode(message) == [("plain-id", None), (JOB.id, JOB)]
+
+def test_ids_and_whole_jobs_round_trip_exactly() -> None:
+    message = announcements.encode(["plain-id", JOB], key=KEY)
+
+    assert announcements.decode(message, key=KEY) == [("plain-id", None), (JOB.id, JOB)]
 
 
 def test_an_item_it_cannot_read_is_announced_by_id_or_skipped() -> None:
     damaged = {**JOB.as_item(), "finished_at": "yesterday"}
-    message = orjson.dumps([damaged, {"no": "id"}, 7, "ok"])
+    payload = orjson.dumps([damaged, {"no": "id"}, 7, "ok"])
+    message = hmac.new(KEY, payload, hashlib.sha256).hexdigest().encode() + b" " + payload
 
-    assert announcements.decode(message) == [(JOB.id, None), ("ok", None)]
+    assert announcements.decode(message, key=KEY) == [(JOB.id, None), ("ok", None)]
+
+
+def test_a_whole_job_not_signed_with_the_fleets_key_is_taken_for_its_id_only() -> None:
+    forged = announcements.encode([JOB], key=b"someone else's key")
+    unsigned = orjson.dumps([JOB.as_item()])
+
+    assert announcements.decode(forged, key=KEY) == [(JOB.id, None)]
+    assert announcements.decode(unsigned, key=KEY) == [(JOB.id, None)]
+    assert announcements.decode(announcements.encode([JOB], key=KEY), key=None) == [(JOB.id, None)]
+
+
+def test_a_bare_list_of_ids_wakes_its_jobs_and_garbage_wakes_none() -> None:
+    assert announcements.decode(orjson.dumps(["a", "b"]), key=KEY) == [("a", None), ("b", None)]
+    for garbage in (b"", b"not json", b"{}", b"x" * 64 + b" [1"):
+        assert announcements.decode(garbage, key=KEY) == []

@@ -6,10 +6,18 @@ reading the database again (a read is most of what an idle round trip costs afte
 
 Only a job whose row the announcing worker has written may be announced whole: the values are
 those the row holds, and a job that has ended never changes again.
+
+A client's answer may be made of an announcement only if the API can trust it: a message carries
+an HMAC-SHA256 of its payload under the fleet's announcement key, which workers and API processes
+read from the database (`db.secrets`) and nothing else holds. A message that is not signed so (a
+sweeper's list of ids, an older worker's, a stranger's) wakes its jobs' long-polls, which then read
+the database: its ids are hints, its whole jobs are ignored.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Container
 from dataclasses import dataclass
 from datetime import datetime
@@ -71,21 +79,43 @@ class EndedJob:
         )
 
 
-def encode(ended: list[str | EndedJob]) -> bytes:
-    return orjson.dumps([e if isinstance(e, str) else e.as_item() for e in ended])
+_SIGNATURE_HEX = 64  # sha256
+
+
+def _sign(key: bytes, payload: bytes) -> bytes:
+    return hmac.new(key, payload, hashlib.sha256).hexdigest().encode()
+
+
+def encode(ended: list[str | EndedJob], *, key: bytes) -> bytes:
+    """`<hex HMAC of the payload> <payload>`: the payload is a JSON list of ids or jobs."""
+    payload = orjson.dumps([e if isinstance(e, str) else e.as_item() for e in ended])
+    return _sign(key, payload) + b" " + payload
 
 
 def decode(
-    message: bytes, *, wanted: Container[str] | None = None
+    message: bytes, *, key: bytes | None, wanted: Container[str] | None = None
 ) -> list[tuple[str, EndedJob | None]]:
     """(job id, the job when announced whole) per item; an item it cannot read is skipped.
-    With `wanted`, only the jobs it holds are read whole (the others' ids only)."""
+    With `wanted`, only the jobs it holds are read whole (the others' ids only). A message not
+    signed with `key` (or any message, without a key) gives ids only."""
+    head, _, rest = message.partition(b" ")
+    if len(head) == _SIGNATURE_HEX and rest:
+        trusted = key is not None and hmac.compare_digest(head, _sign(key, rest))
+        payload = rest
+    else:  # a bare JSON list of ids (the sweeper's)
+        trusted, payload = False, message
+    try:
+        items = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return []
+    if not isinstance(items, list):
+        return []
     out: list[tuple[str, EndedJob | None]] = []
-    for item in orjson.loads(message):
+    for item in items:
         if isinstance(item, str):
             out.append((item, None))
         elif isinstance(item, dict) and isinstance(job_id := item.get("id"), str):
-            if wanted is not None and job_id not in wanted:
+            if not trusted or (wanted is not None and job_id not in wanted):
                 out.append((job_id, None))
                 continue
             try:

@@ -21,6 +21,7 @@ import redis
 from sqlalchemy import Engine
 
 from db import jobs, presence
+from db import secrets as fleet_secrets
 from db.engine import make_engine, make_sessionmaker
 from tffleet import announcements
 from tffleet.announcements import EndedJob
@@ -119,10 +120,12 @@ def init() -> None:
     engine = make_engine(settings.database_url, pool_size=4)
     sessions = make_sessionmaker(engine)
     notifier = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
+    with sessions() as session:
+        key = fleet_secrets.get(session=session, name=fleet_secrets.ANNOUNCEMENTS)
 
     def notify(ended: Sequence[str | EndedJob]) -> None:
         try:
-            notifier.publish(JOBS_DONE_CHANNEL, announcements.encode(list(ended)))
+            notifier.publish(JOBS_DONE_CHANNEL, announcements.encode(list(ended), key=key))
         except redis.RedisError:
             log.warning(
                 "could not publish completion of %d jobs; pollers will see it late", len(ended)

@@ -10,12 +10,14 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.waiter import CompletionWaiter
+from db import secrets as fleet_secrets
 from db.models import Job, JobStatus
 from tests.api.conftest import Api, _until_subscribed, finish_job
 from tffleet import announcements, tensors
@@ -156,6 +158,8 @@ async def test_a_job_announced_whole_is_answered_without_reading_the_database(
     api: Api, redis_url: str
 ) -> None:
     queued = (await api.client.post("/v1/jobs", json=BODY)).json()
+    with api.sessions() as session:
+        key = fleet_secrets.get(session=session, name=fleet_secrets.ANNOUNCEMENTS)
     # Announced whole, but never written: only an answer from the announcement says succeeded.
     announced = EndedJob(
         id=queued["id"],
@@ -173,7 +177,7 @@ async def test_a_job_announced_whole_is_answered_without_reading_the_database(
     def announce() -> None:
         _until_subscribed(redis_url)
         with redis.Redis.from_url(redis_url) as client:
-            client.publish(JOBS_DONE_CHANNEL, announcements.encode([announced]))
+            client.publish(JOBS_DONE_CHANNEL, announcements.encode([announced], key=key))
 
     thread = threading.Thread(target=announce, daemon=True)
     thread.start()
@@ -183,6 +187,27 @@ async def test_a_job_announced_whole_is_answered_without_reading_the_database(
     job = response.json()
     assert job["status"] == "succeeded" and job["worker"] == "w"
     assert job["outputs"] == {"y": OUTPUTS["y"].tolist()}
+
+
+async def test_a_whole_job_announced_by_someone_without_the_key_is_never_the_answer(
+    api: Api, redis_url: str
+) -> None:
+    queued = (await api.client.post("/v1/jobs", json=BODY)).json()
+    forged = _whole(queued["id"])
+
+    def announce() -> None:
+        _until_subscribed(redis_url)
+        with redis.Redis.from_url(redis_url) as client:
+            client.publish(JOBS_DONE_CHANNEL, announcements.encode([forged], key=b"a guess"))
+            client.publish(JOBS_DONE_CHANNEL, orjson.dumps([forged.as_item()]))
+
+    thread = threading.Thread(target=announce, daemon=True)
+    thread.start()
+    response = await api.client.get(f"/v1/jobs/{queued['id']}", params={"wait": "1"})
+    thread.join(10)
+
+    assert response.json()["status"] == "queued"  # as the database holds it
+    assert response.json()["outputs"] is None
 
 
 def _whole(job_id: str) -> EndedJob:
@@ -195,10 +220,10 @@ def _whole(job_id: str) -> EndedJob:
 
 async def test_the_waiter_keeps_a_job_whole_only_for_its_watchers() -> None:
     waiter = CompletionWaiter("redis://unused")
-    message = announcements.encode([_whole("watched"), _whole("unwatched")])
+    message = announcements.encode([_whole("watched"), _whole("unwatched")], key=b"k")
 
     with waiter.watch("watched"):
-        waiter._wake(announcements.decode(message, wanted=waiter._waiters))
+        waiter._wake(announcements.decode(message, key=b"k", wanted=waiter._waiters))
         assert waiter.ended("watched") == _whole("watched")
         assert waiter.ended("unwatched") is None  # not decoded: nobody waits for it
 

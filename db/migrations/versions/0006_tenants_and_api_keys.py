@@ -1,4 +1,4 @@
-"""tenants and api keys; jobs belong to a tenant, idempotency keys are per tenant
+"""tenants and api keys; jobs belong to a tenant, idempotency keys are per tenant; fleet secrets
 
 Revision ID: 0006
 Revises: 0005
@@ -51,6 +51,12 @@ def upgrade() -> None:
             "INSERT INTO tenants (name, created_at, weight) VALUES (:name, CURRENT_TIMESTAMP, 1)"
         ).bindparams(name=DEFAULT_TENANT)
     )
+    op.create_table(
+        "fleet_secrets",
+        sa.Column("name", sa.String(length=64), nullable=False),
+        sa.Column("value", sa.String(length=128), nullable=False),
+        sa.PrimaryKeyConstraint("name"),
+    )
 
     dialect = op.get_bind().dialect.name
     with op.batch_alter_table("jobs", naming_convention=_UNNAMED) as batch_op:
@@ -85,5 +91,6 @@ def downgrade() -> None:
         batch_op.drop_constraint("uq_jobs_tenant_idempotency_key", type_="unique")
         batch_op.create_unique_constraint("jobs_idempotency_key_key", ["idempotency_key"])
         batch_op.drop_column("tenant")
+    op.drop_table("fleet_secrets")
     op.drop_table("api_keys")
     op.drop_table("tenants")
