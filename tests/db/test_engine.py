@@ -125,3 +125,15 @@ def test_times_are_stored_as_utc_and_read_back_aware(engine: Engine) -> None:
         assert job is not None
         assert job.created_at == created
         assert job.created_at.tzinfo == UTC
+
+
+def test_a_failed_statement_never_shows_its_bound_values(engine: Engine) -> None:
+    from sqlalchemy.exc import DBAPIError
+
+    with pytest.raises(DBAPIError) as caught, engine.begin() as conn:
+        conn.execute(
+            text("SELECT * FROM no_such_table WHERE x = :secret"), {"secret": "tff_s3cr3t"}
+        )
+
+    assert "tff_s3cr3t" not in str(caught.value)
+    assert "hidden" in str(caught.value)
