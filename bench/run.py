@@ -405,7 +405,7 @@ def fairness(fleet: Fleet, *, backlog: int, probes: int) -> dict[str, Any]:
         for conn in (loader, prober, admin):
             await conn.close()
         return {
-            "p50_ms": _percentile(latencies, 0.5) * 1000,
+            "p50_ms": _percentile(latencies, 0.5),  # in ms already
             "max_ms": max(latencies) * 1000,
             "left": left,
             "submitted_s": submitted_s,
