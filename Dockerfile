@@ -13,7 +13,8 @@ ARG PYTHON_IMAGE=python:3.11-slim
 # ---- build: install the package and its extras into a venv ------------------------------------
 FROM ${PYTHON_IMAGE} AS build
 
-# Extras from pyproject.toml: worker (tensorflow) or worker-cuda (tensorflow[and-cuda]), flower.
+# Extras from pyproject.toml: worker (tensorflow) or worker-cuda (tensorflow[and-cuda]); Flower is
+# in the base install (the `flower` extra is kept, empty, for older build lines).
 ARG EXTRAS=worker,flower
 
 ENV PIP_NO_CACHE_DIR=1 \

@@ -33,6 +33,7 @@ class UpOptions:
     host: str
     port: int
     devices: str
+    flower_port: int | None = None  # run Flower on it, or not at all
 
 
 def add_up_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,6 +47,12 @@ def add_up_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8000, help="the API's port (default 8000)")
     up.add_argument("--devices", default="cpu:1", help="cpu:N, all, or GPU indices (default cpu:1)")
+    up.add_argument(
+        "--flower",
+        action="store_true",
+        help="also run Flower on 127.0.0.1 with a password made for this run (printed)",
+    )
+    up.add_argument("--flower-port", type=int, default=5555, help="Flower's port (default 5555)")
     up.set_defaults(func=cmd_up)
 
 
@@ -58,6 +65,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             devices=args.devices,
+            flower_port=args.flower_port if args.flower else None,
         )
     )
 
@@ -230,6 +238,20 @@ def up(options: UpOptions) -> int:
         group.start("api", [sys.executable, "-m", "tffleet.cli", "api"], env=env)
         # Requeues jobs of a worker that died and republishes wake-ups Redis lost.
         group.start("sweeper", [sys.executable, "-m", "tffleet.cli", "sweeper"], env=env)
+        flower = ""
+        if options.flower_port is not None:
+            # A password of this run's own, handed over in the environment (never argv).
+            flower_auth = f"admin:{secrets.token_urlsafe(12)}"
+            group.start(
+                "flower",
+                [sys.executable, "-m", "tffleet.cli", "flower", "--port", str(options.flower_port)],
+                env={**env, "TFFLEET_FLOWER_BASIC_AUTH": flower_auth},
+            )
+            user, password = flower_auth.split(":", 1)
+            flower = (
+                f"\nFlower: http://127.0.0.1:{options.flower_port}  "
+                f"(user {user}, password {password})"
+            )
         wait_for_port(options.port, timeout_s=60)
         loaded, failed = _wait_for_models(
             base_url,
@@ -246,7 +268,7 @@ def up(options: UpOptions) -> int:
                 file=sys.stderr,
             )
         print(
-            f"\ntffleet is up at {base_url}  (models: {names}; docs: {base_url}/docs)"
+            f"\ntffleet is up at {base_url}  (models: {names}; docs: {base_url}/docs){flower}"
             f"\nThe admin key{' (new)' if new_key else ''}, kept in "
             f"{options.data_dir / ADMIN_KEY_FILE}:\n{api_key}"
             f"\nMake keys for tenants with `tffleet keys create --tenant NAME`."
