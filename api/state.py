@@ -14,7 +14,7 @@ from api.admission import Admission
 from api.auth import Authenticator
 from api.ingest import Ingestor, JobReader
 from api.waiter import CompletionWaiter
-from db import presence, registry
+from db import clock, presence, registry
 from db.models import ModelVersion
 from tffleet.broker import Publisher
 from tffleet.settings import Settings
@@ -52,7 +52,7 @@ class SignatureCache:
                 session=session,
                 name=name,
                 version=version,
-                live_since=presence.live_since(self.poll_s),
+                live_since=presence.live_since(self.poll_s, clock.now(session)),
             )
             entry = {"name": found.name, "version": found.version, "inputs": found.inputs}
         self._entries[key] = (time.monotonic(), entry)

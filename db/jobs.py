@@ -1,10 +1,11 @@
 """Every change of a job's state, in one place, in the order of a job's life.
 
-                     ┌──────────── release, expire_leases ────────────┐
+                     ┌──── release, expire_leases, take_back_from ────┐
                      ▼                                                 │
     create ──▶ queued ───claim───▶ running ───complete───▶ succeeded   │
                  │                   │ ├────────fail─────▶ failed      │
                  │                   │ ├──expire_leases──▶ failed      │
+                 │                   │ │  take_back_from               │
                  │                   │ └───────────────────────────────┘
                  └──────cancel───────┴────────cancel─────▶ canceled
 
@@ -19,8 +20,9 @@
   `release` hands it back to the queue after a fault that is not the job's (End).
 - cancel: any unfinished job; a running job's late result is then fenced out (Cancel).
 - expire_leases: the sweeper takes back jobs whose lease ran out: `queued` again, or `failed`
-  (`worker_lost`) once they used their attempt budget; stale_queued and mark_published find and
-  record lost wake-ups (Sweep).
+  (`worker_lost`) once they used their attempt budget; take_back_from does the same at once for
+  a child its worker saw die; stale_queued and mark_published find and record lost wake-ups
+  (Sweep).
 - stamp_expiry, purge_finished: ended jobs past their retention are deleted (Purge).
 - Reads for the API and the workers come last (Reads).
 
@@ -57,7 +59,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db.clock import utcnow
+from db import clock
 from db.ids import new_job_id
 from db.models import (
     DEFAULT_TENANT,
@@ -146,7 +148,7 @@ def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
 
     A Core insert: the ORM's unit of work would cost more than the insert itself on this path.
     """
-    now = utcnow()
+    now = clock.now(session)
     rows = [_row(job, now) for job in jobs]
     if rows:
         session.execute(insert(_jobs), rows)
@@ -183,7 +185,7 @@ def create_idempotent(
     second waits for the first to commit (PostgreSQL) or runs after it (SQLite), inserts nothing
     and then reads the first one's row.
     """
-    now = utcnow()
+    now = clock.now(session)
     per_request: list[list[tuple[dict[str, Any], bytes]]] = []
     for request in requests:
         if not request or any(j.idempotency_key is None or j.request_hash is None for j in request):
@@ -326,7 +328,7 @@ def _claim_ids(
 ) -> list[Lease]:
     if not job_ids:
         return []
-    now = utcnow()
+    now = clock.now(session)
     rows = session.execute(
         _claim_statement(fresh_only=fresh_only),
         {
@@ -556,7 +558,7 @@ def heartbeat(*, session: Session, leases: Sequence[Lease], lease_s: float) -> i
     """Extend the leases still held; returns how many were."""
     if not leases:
         return 0
-    expires = utcnow() + timedelta(seconds=lease_s)
+    expires = clock.now(session) + timedelta(seconds=lease_s)
     return _fenced_update(
         session,
         _fenced_statement(lease_expires_at=bindparam("b_expires")),
@@ -587,7 +589,7 @@ def complete(
     `now`: the `finished_at` to store, when the caller must know it exactly."""
     if not results:
         return 0
-    now = now or utcnow()
+    now = now or clock.now(session)
     return _fenced_update(
         session,
         _complete_statement(),
@@ -605,7 +607,7 @@ def fail(*, session: Session, leases: Sequence[Lease], code: JobErrorCode, messa
             status=JobStatus.FAILED.value,
             error_code=JobErrorCode(code).value,
             error_message=message,
-            finished_at=utcnow(),
+            finished_at=clock.now(session),
             lease_owner=None,
             lease_expires_at=None,
         ),
@@ -639,7 +641,7 @@ def cancel(*, session: Session, job_id: str, tenant: str | None = None) -> Job:
         )
         .values(
             status=JobStatus.CANCELED.value,
-            finished_at=utcnow(),
+            finished_at=clock.now(session),
             lease_owner=None,
             lease_expires_at=None,
         )
@@ -661,7 +663,7 @@ JobGroups = dict[tuple[str, int], list[str]]
 
 
 @dataclass(frozen=True)
-class ExpiredLeases:
+class TakenBack:
     requeued: JobGroups  # back to queued, to be published again
     failed: list[str]  # ended `worker_lost`: their attempt budget is used
 
@@ -672,7 +674,7 @@ class ExpiredLeases:
 
 def expire_leases(
     *, session: Session, now: datetime | None = None, max_attempts: int, limit: int = 1000
-) -> ExpiredLeases:
+) -> TakenBack:
     """Take back running jobs whose lease ran out before `now` (at most `limit` of them).
 
     A job that has been claimed `max_attempts` times ends `failed` (`worker_lost`), so a job that
@@ -680,32 +682,66 @@ def expire_leases(
     it is still running on an expired lease when the UPDATE reaches it, so a heartbeat or a
     result that lands first wins, and a result that lands later no longer matches its fence.
     """
-    now = now or utcnow()
-    expired = _jobs.c.status == JobStatus.RUNNING.value, _jobs.c.lease_expires_at < now
+    now = now or clock.now(session)
+    return _take_back(
+        session,
+        (_jobs.c.lease_expires_at < now,),
+        now=now,
+        max_attempts=max_attempts,
+        limit=limit,
+        lost="each attempt's lease expired without a result",
+    )
+
+
+def take_back_from(
+    *, session: Session, owner_prefix: str, max_attempts: int, limit: int = 1000
+) -> TakenBack:
+    """Take back the running jobs of lease owners whose id starts with `owner_prefix`: a worker
+    child that is known to be dead (its main process saw it go), whatever its leases' expiry.
+    The attempt budget applies as in `expire_leases`."""
+    return _take_back(
+        session,
+        (_jobs.c.lease_owner.startswith(owner_prefix, autoescape=True),),
+        now=clock.now(session),
+        max_attempts=max_attempts,
+        limit=limit,
+        lost="each attempt's worker died or its lease expired without a result",
+    )
+
+
+def _take_back(
+    session: Session,
+    lost_lease: tuple[ColumnElement[bool], ...],
+    *,
+    now: datetime,
+    max_attempts: int,
+    limit: int,
+    lost: str,
+) -> TakenBack:
+    held = (_jobs.c.status == JobStatus.RUNNING.value, *lost_lease)
     # Lock in id order (as `_fenced_update` does) and skip rows a worker is writing right now:
-    # they are no longer expired once it commits, or are picked up by the next sweep.
+    # they no longer qualify once it commits, or are picked up by the next call.
     rows = session.execute(
         select(_jobs.c.id, _jobs.c.attempts)
-        .where(*expired)
+        .where(*held)
         .order_by(_jobs.c.id)
         .limit(limit)
         .with_for_update(skip_locked=True)
     ).all()
     if not rows:
-        return ExpiredLeases(requeued={}, failed=[])
+        return TakenBack(requeued={}, failed=[])
     cleared = {"lease_owner": None, "lease_expires_at": None}
     failed: list[str] = []
     for attempts in sorted({row.attempts for row in rows if row.attempts >= max_attempts}):
         ids = [row.id for row in rows if row.attempts == attempts]
         failed += session.scalars(
             update(_jobs)
-            .where(_jobs.c.id.in_(ids), _jobs.c.attempts == attempts, *expired)
+            .where(_jobs.c.id.in_(ids), _jobs.c.attempts == attempts, *held)
             .values(
                 status=JobStatus.FAILED.value,
                 error_code=JobErrorCode.WORKER_LOST.value,
                 error_message=(
-                    f"worker lost {attempts} times: each attempt's lease expired without a "
-                    f"result (TFFLEET_MAX_ATTEMPTS={max_attempts})"
+                    f"worker lost {attempts} times: {lost} (TFFLEET_MAX_ATTEMPTS={max_attempts})"
                 ),
                 finished_at=now,
                 **cleared,
@@ -717,13 +753,13 @@ def expire_leases(
     if retry:
         moved = session.execute(
             update(_jobs)
-            .where(_jobs.c.id.in_(retry), _jobs.c.attempts < max_attempts, *expired)
+            .where(_jobs.c.id.in_(retry), _jobs.c.attempts < max_attempts, *held)
             .values(status=JobStatus.QUEUED.value, **cleared)
             .returning(_jobs.c.id, _jobs.c.model, _jobs.c.version)
         ).all()
         for row in sorted(moved, key=lambda row: row.id):
             requeued.setdefault((row.model, row.version), []).append(row.id)
-    return ExpiredLeases(requeued=requeued, failed=sorted(failed))
+    return TakenBack(requeued=requeued, failed=sorted(failed))
 
 
 def stale_queued(
@@ -810,7 +846,7 @@ def purge_finished(
     `expires_at` (see `stamp_expiry`) is before `now`. One bounded chunk per call, so the caller
     can commit between chunks and no transaction holds a large part of the table.
     """
-    now = now or utcnow()
+    now = now or clock.now(session)
     ended = _jobs.c.status.in_([status.value for status in FINISHED])
     by_default = select(_jobs.c.id).where(
         ended, _jobs.c.ttl_s.is_(None), _jobs.c.finished_at < older_than

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from db.clock import utcnow
+from db import clock
 from db.models import ModelPresence, PresenceState
 
 # A child that missed this many reports in a row is taken for dead.
@@ -23,9 +23,10 @@ LIVE_POLLS = 3
 HOLDING = (PresenceState.LOADED.value, PresenceState.DRAINING.value)
 
 
-def live_since(poll_s: float, now: datetime | None = None) -> datetime:
-    """Rows seen at or after this instant belong to live children."""
-    return (now or utcnow()) - timedelta(seconds=LIVE_POLLS * poll_s)
+def live_since(poll_s: float, now: datetime) -> datetime:
+    """Rows seen at or after this instant belong to live children; `now` is the database's
+    (`db.clock.now`), as the rows' `seen_at` is."""
+    return now - timedelta(seconds=LIVE_POLLS * poll_s)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def report(
     Two reports of one child must not run at once (on PostgreSQL the second insert would meet
     the first one's rows): a child reports from one thread at a time.
     """
-    now = now or utcnow()
+    now = now or clock.now(session)
     session.execute(delete(ModelPresence).where(ModelPresence.child == child.id))
     if holdings:
         session.execute(

@@ -47,8 +47,10 @@ class Settings(BaseSettings):
     tenant_max_priority: int = Field(default=10, ge=-1000, le=1000)
     tenant_max_ttl_s: int = Field(default=30 * 24 * 3600, ge=1, le=366 * 24 * 3600)
 
-    # Jobs and leases.
-    lease_s: float = Field(default=120.0, gt=0)
+    # Jobs and leases. A running batch's child renews its leases every third of `lease_s`; the
+    # jobs of a host that died whole run elsewhere after at most `lease_s` + `sweep_interval_s`
+    # (a child that dies alone: its main process hands its jobs back within a second).
+    lease_s: float = Field(default=15.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     # How long one forward pass may run; its jobs then end `timeout` and the child is replaced.
     # A model's model.toml may set its own (`timeout_s`).

@@ -1,17 +1,39 @@
 """The worker's Celery app (`celery -A worker.app`): the broker contract plus the child's life.
 
-Imported by the worker's main process and by Flower: no TensorFlow here. The hooks below run in
-each forked child, which is where TensorFlow is loaded (worker/child.py).
+Imported by the worker's main process and by Flower: no TensorFlow here. The child hooks run in
+each forked child, which is where TensorFlow is loaded (worker/child.py); the main process
+watches its children and takes back a dead one's jobs at once (worker/orphans.py).
 """
 
 from __future__ import annotations
 
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import (
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 
 from tffleet.broker import make_celery
 from tffleet.settings import get_settings
+from worker import orphans
+from worker.orphans import OrphanWatcher
 
 celery_app = make_celery(get_settings(), include=["worker.tasks"])
+_orphans: OrphanWatcher | None = None
+
+
+@worker_init.connect
+def _watch_children(**_: object) -> None:
+    # The main process, before it forks the pool.
+    global _orphans
+    _orphans = orphans.start_in_this_process()
+
+
+@worker_shutdown.connect
+def _stop_watching(**_: object) -> None:
+    if _orphans is not None:
+        _orphans.stop()
 
 
 @worker_process_init.connect

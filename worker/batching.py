@@ -21,8 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import jobs
-from db.clock import utcnow
+from db import clock, jobs
 from db.jobs import Lease
 from db.models import JobErrorCode
 from tffleet import tensors
@@ -220,9 +219,9 @@ class Batcher:
         metrics.BATCH_SECONDS.labels(model).observe(time.perf_counter() - started)
         succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
         failed = [(lease, out) for lease, out in outcomes if isinstance(out, str)]
-        finished_at = utcnow()
         try:
             with self.sessions.begin() as session:
+                finished_at = clock.now(session)
                 report.written = jobs.complete(session=session, results=succeeded, now=finished_at)
                 whole = report.written == len(succeeded)
                 for lease, message in failed:
@@ -385,11 +384,10 @@ class Batcher:
 def _observe_claim(model: str, leases: Sequence[Lease]) -> None:
     metrics.BATCH_JOBS.labels(model).observe(len(leases))
     metrics.BATCH_SAMPLES.labels(model).observe(sum(lease.samples for lease in leases))
-    now = utcnow()
-    for lease in leases:
-        if lease.created_at is not None:
+    for lease in leases:  # both times are the database's
+        if lease.created_at is not None and lease.started_at is not None:
             metrics.QUEUE_WAIT_SECONDS.labels(model).observe(
-                (now - lease.created_at).total_seconds()
+                (lease.started_at - lease.created_at).total_seconds()
             )
 
 

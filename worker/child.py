@@ -20,7 +20,7 @@ import billiard.process
 import redis
 from sqlalchemy import Engine
 
-from db import jobs, presence
+from db import clock, jobs, presence
 from db import secrets as fleet_secrets
 from db.engine import make_engine, make_sessionmaker
 from tffleet import announcements
@@ -31,6 +31,7 @@ from tffleet.devices import Device, cpu_threads_per_child, parse_devices, pin_en
 from tffleet.settings import get_settings
 from worker.batching import Batcher, BatchReport
 from worker.model_set import ModelSet
+from worker.orphans import owner_prefix
 from worker.repository import ModelConfig
 from worker.retry import HAND_BACK_PAUSE_S
 from worker.watcher import Watcher
@@ -62,7 +63,7 @@ class Child:
                 session=session,
                 name=model,
                 version=version,
-                since=presence.live_since(models.poll_s),
+                since=presence.live_since(models.poll_s, clock.now(session)),
                 exclude=models.child.id,
             )
             queued = (
@@ -115,7 +116,8 @@ def init() -> None:
     from worker.app import celery_app
 
     runtime.configure_threads(intra_op=threads)
-    owner = f"{socket.gethostname()}/{os.getpid()}/{device}/{uuid.uuid4().hex[:6]}"
+    # Its main process finds a dead child's jobs by this prefix (worker/orphans.py).
+    owner = f"{owner_prefix(socket.gethostname(), os.getpid())}{device}/{uuid.uuid4().hex[:6]}"
     # The task thread, the lease heartbeat, reports and rescans: one connection each.
     engine = make_engine(settings.database_url, pool_size=4)
     sessions = make_sessionmaker(engine)

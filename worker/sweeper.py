@@ -33,8 +33,8 @@ from prometheus_client import Counter, Gauge
 from redis.exceptions import LockNotOwnedError
 from sqlalchemy.orm import Session, sessionmaker
 
+from db import clock as db_clock
 from db import jobs, presence
-from db.clock import utcnow
 from db.models import JobErrorCode
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
@@ -91,7 +91,7 @@ class Sweeper:
         settings: Settings,
         redis_client: redis.Redis,
         *,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Callable[[Session], datetime] = db_clock.now,
     ) -> None:
         self._sessions = sessions
         self._publisher = publisher
@@ -208,7 +208,7 @@ class Sweeper:
             with self._sessions.begin() as session:
                 expired = jobs.expire_leases(
                     session=session,
-                    now=self._clock(),
+                    now=self._clock(session),
                     max_attempts=self._settings.max_attempts,
                     limit=CHUNK_JOBS,
                 )
@@ -228,14 +228,14 @@ class Sweeper:
                 return
 
     def _republish_stale(self, report: SweepReport) -> None:
-        cutoff = self._clock() - timedelta(seconds=self._settings.republish_after_s)
         for _ in range(MAX_CHUNKS):
             with self._sessions.begin() as session:
+                now = self._clock(session)
                 stale = jobs.stale_queued(
                     session=session,
-                    older_than=cutoff,
+                    older_than=now - timedelta(seconds=self._settings.republish_after_s),
                     limit=CHUNK_JOBS,
-                    held_since=presence.live_since(self._settings.model_poll_s, self._clock()),
+                    held_since=presence.live_since(self._settings.model_poll_s, now),
                 )
             found = sum(len(ids) for ids in stale.values())
             if found:
@@ -245,7 +245,8 @@ class Sweeper:
                 return
 
     def _purge(self, report: SweepReport) -> None:
-        now = self._clock()
+        with self._sessions() as session:
+            now = self._clock(session)
         cutoff = now - timedelta(seconds=self._settings.result_ttl_s)
         for _ in range(MAX_CHUNKS):
             with self._sessions.begin() as session:
@@ -267,7 +268,8 @@ class Sweeper:
 
     def _publish(self, groups: jobs.JobGroups, report: SweepReport) -> bool:
         """Publish each group in messages of at most `max_batch_size` ids; False if one failed."""
-        at = self._clock()
+        with self._sessions() as session:
+            at = self._clock(session)
         published: list[str] = []
         ok = True
         for (model, version), ids in groups.items():

@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from api.schemas import ModelList, error_responses, iso_utc, json_response
 from api.state import StateDep
-from db import presence, registry
+from db import clock, presence, registry
 from db.models import ModelPresence
 
 
@@ -47,7 +47,8 @@ async def list_models(request: Request, state: StateDep) -> Response:
     def read() -> dict[str, Any]:
         with state.reads() as session:
             found = registry.overview(
-                session=session, live_since=presence.live_since(state.settings.model_poll_s)
+                session=session,
+                live_since=presence.live_since(state.settings.model_poll_s, clock.now(session)),
             )
             models = [
                 {

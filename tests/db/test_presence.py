@@ -57,7 +57,7 @@ def report(
 
 
 def live_since() -> datetime:
-    return presence.live_since(POLL_S)
+    return presence.live_since(POLL_S, utcnow())
 
 
 def resolve(sessions: Sessions, version: int | None = None, name: str = "m") -> int:

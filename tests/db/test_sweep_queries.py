@@ -27,7 +27,7 @@ def claim(sessions: Sessions, job_ids: list[str], owner: str = "w1") -> list[job
         return jobs.claim(session=session, job_ids=job_ids, owner=owner, lease_s=60)
 
 
-def expire(sessions: Sessions, *, now: datetime, max_attempts: int = 3) -> jobs.ExpiredLeases:
+def expire(sessions: Sessions, *, now: datetime, max_attempts: int = 3) -> jobs.TakenBack:
     with sessions.begin() as session:
         return jobs.expire_leases(session=session, now=now, max_attempts=max_attempts)
 
@@ -169,7 +169,7 @@ def test_racing_completes_and_a_sweep_end_each_job_exactly_once(
     leases = claim(sessions, ids)
     barrier = threading.Barrier(2)
     written: list[int] = []
-    expired: list[jobs.ExpiredLeases] = []
+    expired: list[jobs.TakenBack] = []
     errors: list[BaseException] = []
 
     def worker() -> None:

@@ -284,6 +284,34 @@ def test_a_child_killed_mid_batch_under_load_loses_nothing_and_its_replacement_t
     assert {cuda for _, _, cuda in lines} == {"-1"}  # a CPU slot hides every GPU
 
 
+def test_a_dead_childs_jobs_come_back_at_once_from_its_main_process_not_at_lease_expiry(
+    fault_fleet, postgres_url: str, faulty, table_for
+) -> None:
+    # A lease far longer than the test, and no sweeper: only the worker's main process, which
+    # sees its child die, can put the jobs back (worker/orphans.py).
+    models, weights = faulty
+    clean_database(postgres_url)
+    fleet = fault_fleet(postgres_url, models, devices="cpu:2", sweeper=False, TFFLEET_LEASE_S="600")
+    table = table_for(postgres_url)
+    (_, victim), (_, survivor) = children(fleet.log("worker"))
+
+    xs = inputs(200, seed=5, sleep_s=0.3)
+    ids = submit_all(fleet, xs)
+    table.wait_until(lambda: table.running_for(victim) > 0, "the victim running a batch", 60)
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    held = table.running_for(victim)
+    table.wait_until(lambda: table.running_for(victim) == 0, "the dead child's jobs back", 30)
+    back_s = time.monotonic() - killed_at
+    print(f"a dead child's {held} jobs were back in the queue {back_s:.2f}s after the kill")
+
+    rows = assert_each_ended_once(table, dict(zip(ids, xs, strict=True)), weights)
+    assert max(row.attempts for row in rows.values()) == 2
+    assert f"child {victim} died holding" in fleet.log("worker")
+    assert fleet.procs["worker"].poll() is None
+    assert table.running_for(survivor) == 0
+
+
 def test_a_worker_killed_whole_loses_nothing_and_a_second_worker_finishes_everything(
     fault_fleet, postgres_url: str, faulty, table_for
 ) -> None:

@@ -35,7 +35,7 @@ class Clock:
     def __init__(self) -> None:
         self.now = utcnow()
 
-    def __call__(self) -> datetime:
+    def __call__(self, session: Session | None = None) -> datetime:
         return self.now
 
     def advance(self, seconds: float) -> None:

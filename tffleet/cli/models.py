@@ -141,15 +141,14 @@ def _signature(tensors: dict[str, dict[str, Any]]) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from db import presence, registry
+    from db import clock, presence, registry
     from tffleet.settings import get_settings
 
     settings = get_settings()
     try:
         with sessions() as made, made() as session:
-            found = registry.overview(
-                session=session, live_since=presence.live_since(settings.model_poll_s)
-            )
+            live_since = presence.live_since(settings.model_poll_s, clock.now(session))
+            found = registry.overview(session=session, live_since=live_since)
     except DatabaseError as exc:
         return fail(str(exc))
     rows = [("MODEL", "VERSION", "FORMAT", "STATUS", "QUEUED", "RUNNING", "WORKERS")]
