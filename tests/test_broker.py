@@ -10,7 +10,7 @@ import pytest
 import redis
 from celery import Celery
 
-from tffleet.broker import RUN_BATCH_TASK, make_celery, queue_for
+from tffleet.broker import RUN_BATCH_TASK, Publisher, make_celery, queue_for
 from tffleet.settings import Settings
 
 
@@ -85,3 +85,24 @@ def test_a_published_batch_message_is_json_on_the_wire(redis_app: Celery, redis_
     assert message["headers"]["task"] == RUN_BATCH_TASK
     args, kwargs, _ = orjson.loads(base64.b64decode(message["body"]))
     assert (args, kwargs) == (["m", 2, ["job-1"]], {})
+
+
+def test_a_retried_jobs_wake_up_is_taken_before_plain_ones_published_earlier(
+    redis_app: Celery,
+) -> None:
+    publisher = Publisher(redis_app)
+    for n in range(3):
+        assert publisher.publish(model="m", version=1, job_ids=[f"new-{n}"])
+    assert publisher.publish(model="m", version=1, job_ids=["taken-back"], retry=True)
+
+    taken = []
+    with redis_app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(queue_for("m"))
+        try:
+            for _ in range(4):
+                message = queue.get(timeout=5)
+                taken.append(message.payload[0][2][0])  # run_batch(model, version, job_ids)
+                message.ack()
+        finally:
+            queue.close()
+    assert taken == ["taken-back", "new-0", "new-1", "new-2"]

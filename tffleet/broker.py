@@ -30,6 +30,15 @@ QUEUE_PREFIX = "tffleet."
 # What a worker consumes when its repository has no model, so that it still starts.
 DEFAULT_QUEUE = f"{QUEUE_PREFIX}default"
 
+# Wake-ups for jobs that ran before and were taken back (their worker died, or the database
+# failed under them) jump the queue: with a backlog, a plain wake-up waits behind every message
+# published before it, while these jobs already waited their turn once. Redis delivers the lower
+# number first (kombu's Redis transport keeps one list per priority step, 0, 3, 6, 9, and BRPOPs
+# them in that order); messages published before this existed sit in step 0 and stay first.
+PRIORITY_WAKE = 3
+PRIORITY_RETRY = 0
+_PRIORITY_SEP = "\x06\x16"  # kombu's: the list of step N > 0 is named queue + sep + N
+
 # Fail fast when Redis is away: the job is already durable and the sweeper republishes it.
 PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2}
 # How long a Redis call may take, for the worker (its BRPOP polls every second, well inside it)
@@ -45,6 +54,11 @@ PUBLISH_BACKOFF_S = 1.0
 def queue_for(model: str) -> str:
     """One queue per model, so a worker can serve a subset of the fleet's models."""
     return f"{QUEUE_PREFIX}{model}"
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists that hold a queue's messages, in the order workers take them."""
+    return [queue, f"{queue}{_PRIORITY_SEP}{PRIORITY_WAKE}"]
 
 
 def make_celery(
@@ -98,9 +112,12 @@ class Publisher:
         self._celery = celery
         self._failed_at = -float("inf")  # time.monotonic() of the last failed publish
 
-    def publish(self, *, model: str, version: int, job_ids: Sequence[str]) -> bool:
+    def publish(
+        self, *, model: str, version: int, job_ids: Sequence[str], retry: bool = False
+    ) -> bool:
         """Returns False (and logs) when the broker could not take the message, or failed one
-        less than PUBLISH_BACKOFF_S ago (the jobs stay queued for the sweeper either way)."""
+        less than PUBLISH_BACKOFF_S ago (the jobs stay queued for the sweeper either way).
+        `retry`: the jobs were taken back from a worker; their wake-up goes first."""
         if time.monotonic() - self._failed_at < PUBLISH_BACKOFF_S:
             return False
         try:
@@ -108,6 +125,7 @@ class Publisher:
                 RUN_BATCH_TASK,
                 args=[model, version, list(job_ids)],
                 queue=queue_for(model),
+                priority=PRIORITY_RETRY if retry else PRIORITY_WAKE,
                 retry=True,
                 retry_policy=PUBLISH_RETRY_POLICY,
             )

@@ -35,15 +35,25 @@ def owner_prefix(host: str, pid: int) -> str:
 
 
 def own_children(proc: Path = Path("/proc")) -> set[int] | None:
-    """The pids of this process's children (Linux); None where /proc cannot tell."""
-    tasks = proc / "self" / "task"
+    """The pids of this process's living children (Linux); None where /proc cannot tell.
+
+    A child that died stays listed, a zombie, until billiard reaps it (up to a second or so
+    later): it does not count as living."""
     try:
-        found: set[int] = set()
-        for task in tasks.iterdir():
-            found.update(int(pid) for pid in (task / "children").read_text().split())
-        return found
+        listed: set[int] = set()
+        for task in (proc / "self" / "task").iterdir():
+            listed.update(int(pid) for pid in (task / "children").read_text().split())
     except OSError:  # not Linux, or a kernel without CONFIG_PROC_CHILDREN
         return None
+    return {pid for pid in listed if _alive(proc / str(pid) / "stat")}
+
+
+def _alive(stat: Path) -> bool:
+    try:
+        state = stat.read_text().rsplit(")", 1)[1].split()[0]  # the field after "(comm)"
+    except (OSError, IndexError):
+        return False  # reaped in the meantime
+    return state not in ("Z", "X")
 
 
 class OrphanWatcher:
@@ -148,12 +158,10 @@ def start_in_this_process() -> OrphanWatcher | None:
     notifier = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
 
     def wake(model: str, version: int, job_ids: Sequence[str]) -> None:
-        for start in range(0, len(job_ids), settings.max_batch_size):
-            publisher.publish(
-                model=model,
-                version=version,
-                job_ids=job_ids[start : start + settings.max_batch_size],
-            )
+        # A message each: a job that was running when its child died runs alone (it may be what
+        # killed it), so one message would run them one after another on a single child.
+        for job_id in job_ids:
+            publisher.publish(model=model, version=version, job_ids=[job_id], retry=True)
 
     def announce(job_ids: Sequence[str]) -> None:
         # Bare ids: a long-poll takes them as a hint and reads the jobs from the database.

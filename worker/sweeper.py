@@ -60,7 +60,9 @@ LAST_SWEEP = Gauge(
 class Publisher(Protocol):
     """What the sweeper needs of `tffleet.broker.Publisher`."""
 
-    def publish(self, *, model: str, version: int, job_ids: Sequence[str]) -> bool: ...
+    def publish(
+        self, *, model: str, version: int, job_ids: Sequence[str], retry: bool = False
+    ) -> bool: ...
 
 
 @dataclass
@@ -223,7 +225,7 @@ class Sweeper:
                 )
                 self._notify_done(expired.failed)
             # Committed first: if this publish is lost, the jobs are stale and step 2 finds them.
-            self._publish(expired.requeued, report)
+            self._publish(expired.requeued, report, retry=True)
             if expired.count < CHUNK_JOBS:
                 return
 
@@ -266,15 +268,18 @@ class Sweeper:
                 session=session, before=presence.live_since(self._settings.model_poll_s, now)
             )
 
-    def _publish(self, groups: jobs.JobGroups, report: SweepReport) -> bool:
-        """Publish each group in messages of at most `max_batch_size` ids; False if one failed."""
+    def _publish(self, groups: jobs.JobGroups, report: SweepReport, *, retry: bool = False) -> bool:
+        """Publish each group in messages of at most `max_batch_size` ids; False if one failed.
+        `retry`: jobs taken back from a worker, whose wake-ups go first."""
         with self._sessions() as session:
             at = self._clock(session)
         published: list[str] = []
         ok = True
         for (model, version), ids in groups.items():
             for chunk in _chunks(ids, self._settings.max_batch_size):
-                if not self._publisher.publish(model=model, version=version, job_ids=chunk):
+                if not self._publisher.publish(
+                    model=model, version=version, job_ids=chunk, retry=retry
+                ):
                     ok = False
                     report.publish_failures += 1
                     PUBLISH_FAILURES.inc()

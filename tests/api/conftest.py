@@ -33,7 +33,7 @@ from api.state import AppState
 from db import jobs, registry, tenants
 from db.models import DEFAULT_TENANT, Job
 from tffleet import tensors
-from tffleet.broker import Publisher
+from tffleet.broker import Publisher, queue_lists
 from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.settings import Settings
 
@@ -183,9 +183,12 @@ def read_job(sessions: Sessions, job_id: str) -> Job:
 
 
 def queued_messages(broker: redis.Redis, queue: str) -> list[dict[str, Any]]:
-    """Celery messages waiting in a queue (a Redis list named like the queue), oldest first."""
-    raw: list[bytes] = broker.lrange(queue, 0, -1)  # type: ignore[assignment]
-    return [orjson.loads(item) for item in reversed(raw)]  # LPUSH: newest at the head
+    """Celery messages waiting in a queue (Redis lists, one per priority), in delivery order."""
+    found = []
+    for name in queue_lists(queue):
+        raw: list[bytes] = broker.lrange(name, 0, -1)  # type: ignore[assignment]
+        found += [orjson.loads(item) for item in reversed(raw)]  # LPUSH: newest at the head
+    return found
 
 
 def task_args(message: Mapping[str, Any]) -> list[Any]:

@@ -28,12 +28,19 @@ from db.models import Job
 from tests.e2e.conftest import Fleet, PrivateRedis, clean_database
 from tests.e2e.models import build_mlp
 from tffleet import tensors
-from tffleet.broker import RUN_BATCH_TASK, make_celery, queue_for
+from tffleet.broker import RUN_BATCH_TASK, make_celery, queue_for, queue_lists
 from tffleet.settings import Settings
 
 pytestmark = pytest.mark.slow
 
 QUEUE = queue_for("mlp")
+
+
+def queued(client: redis.Redis) -> int:
+    """Messages waiting in QUEUE, at every priority."""
+    return sum(int(client.llen(name)) for name in queue_lists(QUEUE))
+
+
 # Lost wake-ups are republished 2 s after their last publish; the sweeper looks twice a second.
 SWEEPER_ENV = {"TFFLEET_SWEEP_INTERVAL_S": "0.5", "TFFLEET_REPUBLISH_AFTER_S": "2"}
 
@@ -148,12 +155,12 @@ def test_500_queued_jobs_all_run_exactly_once_after_redis_restarts_without_them(
     fleet.start_sweeper()
     accepted = accept_all(fleet, inputs(500, seed=1))  # no worker: all wait in Redis
     with redis.Redis.from_url(private_redis.url) as client:
-        assert client.llen(QUEUE) > 0
+        assert queued(client) > 0
 
     private_redis.restart()  # no AOF, no snapshot: every wake-up is gone
 
     with redis.Redis.from_url(private_redis.url) as client:
-        assert client.llen(QUEUE) == 0
+        assert queued(client) == 0
     fleet.start_worker()
     assert_each_ran_exactly_once(fleet, accepted, model, finished_by_worker=500)
     assert "republishing" in fleet.log("sweeper")
@@ -274,7 +281,7 @@ def test_a_pickled_message_is_refused_not_run_and_the_worker_stays_healthy(
     assert not marker.exists(), "the worker unpickled the message"
     assert "ContentDisallowed" in fleet.log("worker") and "pickle" in fleet.log("worker")
     with redis.Redis.from_url(private_redis.url) as client:  # refused for good, not redelivered
-        assert client.llen(QUEUE) == 0
+        assert queued(client) == 0
         assert not client.hlen("unacked")
     polled = fleet.get(f"/v1/jobs/{target}").json()
     assert polled["status"] == "queued" and polled["attempts"] == 0

@@ -38,7 +38,7 @@ from tests.conftest import service_missing
 from tests.e2e.conftest import Fleet, clean_database
 from tests.e2e.models import KILL_COLUMN, KILL_VALUE, SLEEP_COLUMN, build_faulty
 from tffleet import tensors
-from tffleet.broker import queue_for
+from tffleet.broker import queue_for, queue_lists
 from tffleet.cli.process_group import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -565,7 +565,7 @@ def _received(fleet: Fleet) -> int:
 def _queued_messages(redis_url: str) -> int:
     broker = redis.Redis.from_url(redis_url)
     try:
-        return int(broker.llen(queue_for("faulty")))
+        return sum(int(broker.llen(name)) for name in queue_lists(queue_for("faulty")))
     finally:
         broker.close()
 

@@ -4,6 +4,7 @@ real processes."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -126,6 +127,10 @@ def test_own_children_sees_a_child_come_and_go() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         assert proc.pid in (own_children() or set())
+        proc.kill()
+        # Dead, not reaped yet: a zombie is no living child.
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        assert proc.pid not in (own_children() or set())
     finally:
         proc.kill()
         proc.wait()

@@ -20,7 +20,7 @@ from db import jobs, presence
 from db.clock import utcnow
 from db.engine import make_engine, make_sessionmaker
 from db.models import Job, JobStatus, ModelPresence, PresenceState
-from tffleet.broker import Publisher, make_celery, queue_for
+from tffleet.broker import Publisher, make_celery, queue_for, queue_lists
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
 from worker.sweeper import Sweeper
@@ -116,11 +116,12 @@ def read(sessions: Sessions, job_id: str) -> Job:
 
 
 def messages(client: redis.Redis, model: str = "m") -> list[tuple[str, int, list[str]]]:
-    """The run_batch calls waiting in the model's Celery queue (a Redis list), oldest first."""
+    """The run_batch calls waiting in the model's Celery queue (Redis lists), in delivery order."""
     found = []
-    for raw in reversed(client.lrange(queue_for(model), 0, -1)):
-        args, _kwargs, _embed = orjson.loads(base64.b64decode(orjson.loads(raw)["body"]))
-        found.append((args[0], args[1], args[2]))
+    for name in queue_lists(queue_for(model)):
+        for raw in reversed(client.lrange(name, 0, -1)):
+            args, _kwargs, _embed = orjson.loads(base64.b64decode(orjson.loads(raw)["body"]))
+            found.append((args[0], args[1], args[2]))
     return found
 
 
