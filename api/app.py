@@ -15,8 +15,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.admission import Admission
 from api.auth import Authenticator
+from api.autoscaling import AutoscalingCollector
 from api.ingest import Ingestor, JobReader
-from api.metrics import REQUESTS_REJECTED
+from api.metrics import REQUESTS_REJECTED, exposition
 from api.routes import health, jobs, models
 from api.schemas import JobBatchCreate, JobCreate, JobStatusQuery, json_response
 from api.state import AppState, SignatureCache
@@ -124,6 +125,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await state.ingestor.start()
         await state.reader.start()
         app.state.tffleet = state
+        # What /metrics serves (api/routes/health.py): the process metrics and, read from the
+        # database at scrape time, the autoscaling gauges.
+        app.state.metrics = exposition(AutoscalingCollector(reads, poll_s=settings.model_poll_s))
         try:
             yield
         finally:

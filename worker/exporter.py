@@ -8,12 +8,20 @@ the main process points `PROMETHEUS_MULTIPROC_DIR` at a fresh directory before a
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import os
 import shutil
 import tempfile
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 log = logging.getLogger(__name__)
+
+# How many ports from TFFLEET_WORKER_METRICS_PORT up a worker tries: one per worker on a host.
+PORT_TRIES = 32
 
 
 def prepare_multiprocess_dir() -> str:
@@ -24,17 +32,30 @@ def prepare_multiprocess_dir() -> str:
     return path
 
 
-def serve(port: int) -> None:
-    """Serve the children's merged metrics from the main process (0: do not serve)."""
+def serve(port: int, *, tries: int = PORT_TRIES) -> WSGIServer | None:
+    """Serve the children's merged metrics from the main process (0: do not serve).
+
+    Another worker on this host may hold `port` already: then the next free one above it, up
+    to `tries` ports in all. Returns the server (its `server_port`), or None if none was free.
+    """
     if not port:
-        return
+        return None
     from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    try:
-        start_http_server(port, registry=registry)
-    except OSError as exc:
-        log.warning("worker metrics not served on port %d: %s", port, exc)
-    else:
-        log.info("worker metrics on http://0.0.0.0:%d/metrics", port)
+    last = min(port + tries, 65536) - 1
+    for candidate in range(port, last + 1):
+        try:
+            server, _thread = start_http_server(candidate, registry=registry)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                log.warning("worker metrics not served on port %d: %s", candidate, exc)
+                return None
+            continue
+        if candidate != port:
+            log.info("worker metrics: port %d is taken (another worker?)", port)
+        log.info("worker metrics on http://0.0.0.0:%d/metrics", candidate)
+        return server
+    log.warning("worker metrics not served: ports %d to %d are all taken", port, last)
+    return None

@@ -50,7 +50,9 @@ async def readyz(state: StateDep) -> Response:
 
 @router.get("/metrics", response_class=PlainTextResponse, responses=error_responses(403))
 async def metrics(request: Request, state: StateDep) -> Response:
-    """Prometheus metrics of this API process (an admin key, unless TFFLEET_METRICS_PUBLIC)."""
+    """Prometheus metrics, each model's backlog among them (an admin key, unless public)."""
     if not state.settings.metrics_public:
         await state.auth.admin(request)
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    # The backlog gauges read the database: off the event loop.
+    body = await run_in_threadpool(generate_latest, request.app.state.metrics)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -74,16 +76,30 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     _apply_overrides(api_host=args.host, api_port=args.port)
     settings = get_settings()
-    uvicorn.run(
-        "api.app:create_app",
-        factory=True,
-        host=settings.api_host,
-        port=settings.api_port,
-        workers=args.workers,
-        access_log=args.access_log,
-        log_level=args.log_level.lower(),
-    )
+    metrics_dir = _api_multiprocess_metrics() if args.workers > 1 else None
+    try:
+        uvicorn.run(
+            "api.app:create_app",
+            factory=True,
+            host=settings.api_host,
+            port=settings.api_port,
+            workers=args.workers,
+            access_log=args.access_log,
+            log_level=args.log_level.lower(),
+        )
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _api_multiprocess_metrics() -> str:
+    """Several API processes: each writes its metrics to files in a fresh directory and
+    /metrics serves them merged (api/metrics.py). Set before uvicorn starts the processes,
+    which inherit it and read it when they import prometheus_client."""
+    path = tempfile.mkdtemp(prefix="tffleet-api-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -133,7 +149,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         f"models {names}",
         flush=True,
     )
-    exporter.serve(settings.worker_metrics_port)
+    served = exporter.serve(settings.worker_metrics_port)
+    if served is not None:
+        # The next free port when another worker on this host has the configured one.
+        print(f"tffleet: worker metrics on port {served.server_port}", flush=True)
     celery_app.worker_main(
         [
             "worker",
