@@ -9,12 +9,15 @@ Every path by which a job runs again
    (worker/batching.py `Batcher._hand_back`, worker/tasks.py)
 2. The child died mid-batch (SIGKILL, out of memory, a crash in TensorFlow, or the pool's
    `task_time_limit`). Redis redelivers its message (`task_acks_late`,
-   `task_reject_on_worker_lost`: tffleet/broker.py). Its jobs are still `running` under leases
-   nobody extends: once they expire the sweeper puts them back to `queued` and publishes them
-   again (`db.jobs.expire_leases`, worker/sweeper.py).
-3. The attempt budget. Each claim counts an attempt. A job whose lease expires after its
+   `task_reject_on_worker_lost`: tffleet/broker.py). Its worker's main process sees it go and
+   puts its jobs back to `queued` at once, publishing a wake-up each that goes before plain ones
+   (`db.jobs.take_back_from`, worker/orphans.py, `PRIORITY_RETRY`). When the whole worker or its
+   host died, nobody extends the leases: once they expire (`TFFLEET_LEASE_S`) the sweeper does
+   the same (`db.jobs.expire_leases`, worker/sweeper.py).
+3. The attempt budget. Each claim counts an attempt. A job taken back after its
    `TFFLEET_MAX_ATTEMPTS`-th claim (default 3) ends `failed` / `worker_lost` instead of going
-   back: a job that kills its worker cannot loop forever (`db.jobs.expire_leases`).
+   back: a job that kills its worker cannot loop forever (`db.jobs.take_back_from`,
+   `db.jobs.expire_leases`).
 4. Alone after a loss. A queued job with `attempts > 0` was claimed before and did not end: it
    may be what went wrong, so it never shares a batch again. Batches take only jobs never claimed
    (`db.jobs.claim_next_fresh`); such a job runs alone (`db.jobs.claim_retried`,
