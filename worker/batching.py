@@ -4,6 +4,8 @@ A job that was claimed before and did not end (its child died, its batch ran out
 alone from then on. A forward pass that outlives the model's time limit is ended by the heartbeat
 thread, which then ends the child (see `Batcher`). A database error hands the leases back and
 raises, for the task to retry (worker/retry.py maps every path by which a job runs again).
+Once the worker's warm shutdown began (`DRAIN`), a child ends the batch it holds and claims no
+more, so the worker exits within `drain_bound_s` of SIGTERM.
 
 Plain logic over a `Runner` (anything with `inputs` and `run(batch) -> outputs`), so tests can pass
 a function instead of TensorFlow.
@@ -12,6 +14,7 @@ a function instead of TensorFlow.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from celery.signals import worker_shutting_down
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import clock, jobs
@@ -35,9 +39,61 @@ log = logging.getLogger(__name__)
 _TOP_UP_POLL_S = 0.0005
 # Batches a message may run beyond those its named jobs fill (see `Batcher.run`).
 MAX_EXTRA_BATCHES = 4
+# How long one message may keep starting batches before it hands its named jobs still queued to a
+# new message and ends: the child then takes its next message, so a wake-up that goes first (a
+# dead child's jobs, PRIORITY_RETRY) waits about this long even behind a message that names
+# thousands of jobs.
+TASK_BUDGET_S = 1.0
 
 # The exit status of a child that ended itself because a batch ran past its time limit.
 TIMEOUT_EXIT_CODE = 75
+
+# What a warm shutdown may take beyond one batch's forward passes: writing that batch, waking the
+# jobs its message named, the child's shutdown (its model threads stop within 10 s) and the main
+# process's. A few seconds here; each database statement (30 s) and Redis call (5 s) is bounded.
+DRAIN_MARGIN_S = 60.0
+
+
+def drain_bound_s(timeout_s: float) -> float:
+    """Seconds from SIGTERM to the exit of a started worker whose batches are limited to
+    `timeout_s` (TFFLEET_JOB_TIMEOUT_S, or the largest `timeout_s` of the models' model.toml):
+    what a stop grace period must cover. A child still loading its models when SIGTERM comes
+    finishes the load first (at most TFFLEET_MODEL_LOAD_TIMEOUT_S); it holds no job meanwhile."""
+    return timeout_s + DRAIN_MARGIN_S
+
+
+class Drain:
+    """Whether this worker's warm shutdown began, as its main process and every child see it.
+
+    SIGTERM reaches only the Celery main process, which stops consuming and then waits for each
+    child's task to return: nothing tells a child before that. A task runs batch after batch
+    while the jobs its message named wait (a message may name thousands), so without this a
+    draining worker would go on claiming jobs for as long as that takes. The flag is one byte of
+    anonymous shared memory, mapped at import in the main process (Celery imports the task
+    modules before it forks the pool), so every child, also one forked later to replace another,
+    reads the byte the main process sets.
+    """
+
+    def __init__(self) -> None:
+        self._byte = mmap.mmap(-1, 1)  # MAP_SHARED | MAP_ANONYMOUS: shared across fork
+
+    def begin(self) -> None:
+        self._byte[0] = 1
+
+    def began(self) -> bool:
+        return self._byte[0] == 1
+
+    def reset(self) -> None:
+        self._byte[0] = 0
+
+
+DRAIN = Drain()
+
+
+@worker_shutting_down.connect(dispatch_uid="tffleet.batching.drain")
+def _begin_drain(**_: object) -> None:
+    # Sent in the main process by the handler of SIGTERM (warm), SIGINT or SIGQUIT (cold).
+    DRAIN.begin()
 
 
 class Runner(Protocol):
@@ -108,6 +164,8 @@ class Batcher:
     wake: Callable[[str, int, Sequence[str]], object] = _no_wake
     # Called once a timed-out batch's jobs are dealt with; tests record instead of exiting.
     on_timeout: Callable[[], None] = _end_process
+    # Whether the worker is shutting down: then claim nothing more (see `Drain`).
+    draining: Callable[[], bool] = DRAIN.began
     _heartbeat: Heartbeat = field(init=False, repr=False)
     # Whether the last batch found other jobs waiting: only then is waiting for more worth it.
     _queue_busy: bool = field(default=False, init=False, repr=False)
@@ -132,13 +190,16 @@ class Batcher:
         so a tenant's one job, or a priority-10 job, never waits behind thousands of jobs that
         other messages named.
 
-        A message runs at most `MAX_EXTRA_BATCHES` batches more than its named jobs fill; named
-        jobs still queued then (the queue is busy with work other messages carry) are published
-        again, and the task ends.
+        A message runs at most `MAX_EXTRA_BATCHES` batches more than its named jobs fill, and
+        starts none after `TASK_BUDGET_S`; named jobs still queued then (the queue is busy with
+        work other messages carry) are published again, and the task ends.
 
         A named job that was claimed before and did not end (its worker died, its batch timed
         out) may be what killed that batch: it runs alone, after the others, so a job that
         crashes its child takes no other job with it.
+
+        Once the worker is shutting down (`draining`), no batch starts: the named jobs still
+        queued are published again, for another worker, and the task ends.
 
         Raises `INFRA_ERRORS` when the database fails; the leases held are handed back first
         where the database still answers.
@@ -147,8 +208,13 @@ class Batcher:
         named = list(dict.fromkeys(job_ids))
         fresh: list[str] = []
         retried: list[str] = []
+        claimed: set[str] = set()
         batches = -(-max(len(named), 1) // policy.max_batch_size) + MAX_EXTRA_BATCHES
+        budget_ends = time.monotonic() + TASK_BUDGET_S
         for _ in range(batches):
+            if self.draining():
+                self._leave(model, version, named)
+                return report
             claimed = self._run_batch(
                 report, model=model, version=version, runner=runner, policy=policy
             )
@@ -157,11 +223,14 @@ class Batcher:
                 break
             with self.sessions() as session:
                 fresh, retried = jobs.still_queued(session=session, job_ids=named)
-            if not fresh or not claimed:
+            if not fresh or not claimed or time.monotonic() >= budget_ends:
                 break
-        if fresh and claimed:  # out of batches with named jobs still waiting
+        if fresh and claimed:  # out of batches or time with named jobs still waiting
             self.wake(model, version, fresh)
         while retried:
+            if self.draining():
+                self._leave(model, version, retried)
+                break
             with self.sessions.begin() as session:
                 lease = jobs.claim_retried(
                     session=session, job_ids=retried, owner=self.owner, lease_s=self.lease_s
@@ -279,6 +348,19 @@ class Batcher:
         metrics.JOBS_FINISHED.labels(model, "failed").inc(len(leases))
         self.notify([lease.job_id for lease in leases])
         return BatchReport(claimed=len(leases), failed=len(leases), written=len(leases))
+
+    def _leave(self, model: str, version: int, named: Sequence[str]) -> None:
+        """Shutting down: leave the named jobs still queued to other workers, with a wake-up
+        (this task's message is acknowledged when it returns)."""
+        with self.sessions() as session:
+            fresh, retried = jobs.still_queued(session=session, job_ids=named)
+        waiting = fresh + retried
+        if waiting:
+            log.info(
+                "shutting down: %d %s:%s jobs left queued for other workers",
+                len(waiting), model, version,
+            )  # fmt: skip
+            self.wake(model, version, waiting)
 
     def _hand_back(self, model: str, version: int, leases: Sequence[Lease]) -> None:
         """Return held jobs to the queue after an infrastructure fault, if the database answers;

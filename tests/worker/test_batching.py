@@ -409,6 +409,23 @@ def test_a_message_that_runs_out_of_batches_publishes_its_named_jobs_again(
     assert read(sessions, named).status == JobStatus.QUEUED
 
 
+def test_a_message_past_its_time_budget_starts_no_batch_and_publishes_the_rest_again(
+    sessions: Sessions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A message that names many jobs ends after TASK_BUDGET_S, so its child takes its next
+    # message (a dead child's jobs, which go first) instead of running all of them.
+    monkeypatch.setattr(batching, "TASK_BUDGET_S", 0.0)
+    woken: list[list[str]] = []
+    runs = BatchRun(sessions)
+    runs.batcher.wake = lambda model, version, ids: woken.append(list(ids))
+    named = [submit(sessions, samples(1, seed=i)) for i in range(6)]
+
+    report = runs.run(named, FakeRunner(), policy(max_batch_size=2, buckets=(1, 2)))
+
+    assert report.claimed == 2
+    assert woken == [named[2:]]
+
+
 # claims
 
 
