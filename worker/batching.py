@@ -169,6 +169,8 @@ class Batcher:
     _heartbeat: Heartbeat = field(init=False, repr=False)
     # Whether the last batch found other jobs waiting: only then is waiting for more worth it.
     _queue_busy: bool = field(default=False, init=False, repr=False)
+    # What the jobs' `worker` says: this child, and the Celery task running them (`run`).
+    _worker: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._heartbeat = Heartbeat(
@@ -183,6 +185,7 @@ class Batcher:
         job_ids: Sequence[str],
         runner: Runner,
         policy: BatchPolicy,
+        task_id: str | None = None,
     ) -> BatchReport:
         """Run batches of this model version until the jobs the message names have left the
         queue. Each batch takes what the database says runs next (the waiting tenants in turn,
@@ -205,6 +208,8 @@ class Batcher:
         where the database still answers.
         """
         report = BatchReport()
+        # A job's `worker` names the task that ran it: in Flower, /task/<id> is its batch.
+        self._worker = f"{self.owner} task {task_id}" if task_id else self.owner
         named = list(dict.fromkeys(job_ids))
         fresh: list[str] = []
         retried: list[str] = []
@@ -233,7 +238,11 @@ class Batcher:
                 break
             with self.sessions.begin() as session:
                 lease = jobs.claim_retried(
-                    session=session, job_ids=retried, owner=self.owner, lease_s=self.lease_s
+                    session=session,
+                    job_ids=retried,
+                    owner=self.owner,
+                    lease_s=self.lease_s,
+                    worker=self._worker,
                 )
             if lease is None:
                 break
@@ -327,7 +336,7 @@ class Batcher:
                     started_at=lease.started_at,
                     finished_at=finished_at,
                     attempts=lease.attempt,
-                    worker=lease.owner,
+                    worker=self._worker or lease.owner,
                     outputs=outputs,
                 )
             )
@@ -424,6 +433,7 @@ class Batcher:
             lease_s=self.lease_s,
             max_samples=room,
             take_oversized=not leases,
+            worker=self._worker,
         )
 
     def _time_out(self, batch: Running) -> None:

@@ -29,5 +29,6 @@ def run_batch(model: str, version: int, job_ids: list[str]) -> dict[str, int]:
                 job_ids=job_ids,
                 runner=loaded.runner,
                 policy=loaded.policy,
+                task_id=run_batch.request.id,
             ).as_dict()
     return current.turn_away(model, version, job_ids).as_dict()

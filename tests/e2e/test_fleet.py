@@ -57,6 +57,9 @@ def test_200_jobs_over_http_succeed_with_the_models_own_outputs_on_both_children
         )
     devices = {job["worker"].split("/")[2] for job in done}
     assert devices == {"cpu:0", "cpu:1"}, devices
+    # host/pid/device/id, then the Celery task that ran its batch: Flower's /task/<id>.
+    for job in done:
+        assert re.fullmatch(r"[^/ ]+/\d+/cpu:[01]/\w+ task [0-9a-f-]{36}", job["worker"]), job
 
     # Both children's metrics, merged and served by the worker's main process.
     metrics = httpx.get(f"http://127.0.0.1:{fleet.metrics_port}/metrics").text
