@@ -18,8 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db import jobs, presence
-from db.clock import utcnow
+from db import clock, jobs, presence
 from db.models import JobStatus, ModelPresence, ModelVersion, PresenceState
 from tffleet.errors import ModelNotFound
 
@@ -45,7 +44,7 @@ def register(
         "inputs": inputs,
         "outputs": outputs,
         "config": config or {},
-        "registered_at": utcnow(),
+        "registered_at": clock.now(session),
         "retired_at": None,
     }
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
@@ -72,7 +71,7 @@ def retire(*, session: Session, name: str, version: int, at: datetime | None = N
             ModelVersion.version == version,
             ModelVersion.retired_at.is_(None),
         )
-        .values(retired_at=at or utcnow())
+        .values(retired_at=at or clock.now(session))
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
