@@ -909,6 +909,18 @@ def queued_ids(
     return list(session.scalars(query.order_by(_jobs.c.id).limit(limit)))
 
 
+def some_queued(*, session: Session, model: str, version: int, limit: int) -> list[str]:
+    """Up to `limit` ids of queued jobs of one model version never claimed before, in no
+    particular order: a hint for a wake-up (the claim decides what runs), read from the index
+    without sorting the queue. Jobs claimed before have wake-ups of their own."""
+    query = (
+        select(_jobs.c.id)
+        .where(*_waiting(fresh_only=True))
+        .params(n_model=model, n_version=version)
+    )
+    return list(session.scalars(query.limit(limit)))
+
+
 def get(*, session: Session, job_id: str, tenant: str | None = None) -> Job:
     """A job by id; another tenant's job is not found (unless `tenant` is None: every tenant)."""
     # The state machine changes rows with Core UPDATEs, which do not touch objects this session

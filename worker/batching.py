@@ -194,8 +194,11 @@ class Batcher:
         other messages named.
 
         A message runs at most `MAX_EXTRA_BATCHES` batches more than its named jobs fill, and
-        starts none after `TASK_BUDGET_S`; named jobs still queued then (the queue is busy with
-        work other messages carry) are published again, and the task ends.
+        starts none after `TASK_BUDGET_S`; named jobs still queued then are published again
+        (`_pass_on`: split in two while they fill more than a batch, so one bulk request spreads
+        over every idle child within a few seconds), and the task ends. A task whose named jobs
+        went to other children while more wait publishes a wake-up for those (`_keep_awake`):
+        a child never idles beside a backlog for want of a message.
 
         A named job that was claimed before and did not end (its worker died, its batch timed
         out) may be what killed that batch: it runs alone, after the others, so a job that
@@ -231,7 +234,9 @@ class Batcher:
             if not fresh or not claimed or time.monotonic() >= budget_ends:
                 break
         if fresh and claimed:  # out of batches or time with named jobs still waiting
-            self.wake(model, version, fresh)
+            self._pass_on(model, version, fresh, policy)
+        elif claimed and self._queue_busy and not self.draining():
+            self._keep_awake(model, version, policy)
         while retried:
             if self.draining():
                 self._leave(model, version, retried)
@@ -253,6 +258,25 @@ class Batcher:
                 )
             )
         return report
+
+    def _pass_on(self, model: str, version: int, fresh: Sequence[str], policy: BatchPolicy) -> None:
+        if len(fresh) <= policy.max_batch_size:
+            self.wake(model, version, fresh)
+            return
+        # Two messages: another child takes half. Each split halves what a message names, so a
+        # request of n jobs makes at most 2n / max_batch_size messages in all.
+        half = len(fresh) // 2
+        self.wake(model, version, fresh[:half])
+        self.wake(model, version, fresh[half:])
+
+    def _keep_awake(self, model: str, version: int, policy: BatchPolicy) -> None:
+        # One message out for the one this task consumed: the count of messages never grows.
+        with self.sessions() as session:
+            waiting = jobs.some_queued(
+                session=session, model=model, version=version, limit=policy.max_batch_size
+            )
+        if waiting:
+            self.wake(model, version, waiting)
 
     def _run_batch(
         self,

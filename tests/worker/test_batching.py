@@ -423,7 +423,30 @@ def test_a_message_past_its_time_budget_starts_no_batch_and_publishes_the_rest_a
     report = runs.run(named, FakeRunner(), policy(max_batch_size=2, buckets=(1, 2)))
 
     assert report.claimed == 2
-    assert woken == [named[2:]]
+    # More than a batch left: two messages, so another child takes half.
+    assert woken == [named[2:4], named[4:]]
+
+
+def test_a_message_whose_jobs_went_elsewhere_wakes_a_child_for_the_backlog_beside_it(
+    sessions: Sessions,
+) -> None:
+    # Its own job ran on another child; six more wait: one message goes out for the one this
+    # task consumed, so no child idles beside the backlog for want of a message.
+    woken: list[list[str]] = []
+    runs = BatchRun(sessions)
+    runs.batcher.wake = lambda model, version, ids: woken.append(list(ids))
+    named = submit(sessions, samples(1, seed=0))
+    waiting = [submit(sessions, samples(1, seed=i)) for i in range(1, 9)]
+    with sessions.begin() as session:
+        jobs.claim(session=session, job_ids=[named], owner="elsewhere", lease_s=30)
+
+    report = runs.run([named], FakeRunner(), policy(max_batch_size=2, buckets=(1, 2)))
+
+    assert report.claimed == 2
+    (wake,) = woken
+    assert len(wake) == 2 and set(wake) <= set(waiting)
+    for job_id in wake:
+        assert read(sessions, job_id).status == JobStatus.QUEUED
 
 
 # claims
