@@ -2,9 +2,9 @@
 
 Tenant `bulk` submits 20,000 one-sample jobs; tenant `web` then submits one job at a time and
 waits for each (POST ?wait=). Each of web's jobs is claimed in the next batch beside the backlog,
-so all of them end while most of the backlog is still queued (before fair share, web's first job
-waited for the whole backlog: 23 s at about 1,000 samples/s). Latencies are printed, not asserted
-(bench/run.py measures them): what is asserted is the order of events.
+so all of them end while thousands of the backlog's jobs are still queued (before fair share,
+web's first job waited for the whole backlog: 23 s at about 1,000 samples/s). Latencies are
+printed, not asserted (bench/run.py measures them): what is asserted is the order of events.
 """
 
 from __future__ import annotations
@@ -75,4 +75,7 @@ def test_a_tenants_one_job_at_a_time_ends_while_anothers_backlog_is_still_queued
             left.append(queued_of(database_url, "bulk"))
 
     print(f"web's jobs took {[round(s, 3) for s in latencies]} s; bulk still queued: {left}")
-    assert min(left) > BACKLOG // 2, "web's jobs waited for the bulk backlog to drain"
+    # In FIFO order each of web's jobs would end only after every bulk job queued before it: none
+    # would be left. Thousands left, at each of them, is fair share; how many exactly depends on
+    # how fast the worker drains the backlog while the API is still storing it.
+    assert min(left) > BACKLOG // 10, "web's jobs waited for the bulk backlog to drain"
