@@ -12,6 +12,7 @@ from celery.signals import (
     worker_process_init,
     worker_process_shutdown,
     worker_shutdown,
+    worker_shutting_down,
 )
 
 from tffleet.broker import make_celery
@@ -34,6 +35,15 @@ def _watch_children(**_: object) -> None:
 def _stop_watching(**_: object) -> None:
     if _orphans is not None:
         _orphans.stop()
+
+
+@worker_shutting_down.connect
+def _begin_drain(**_: object) -> None:
+    # Sent in the main process by the handler of SIGTERM (warm), SIGINT or SIGQUIT (cold): every
+    # child, reading the shared flag, then claims nothing more (worker/batching.py `Drain`).
+    from worker.batching import DRAIN
+
+    DRAIN.begin()
 
 
 @worker_process_init.connect

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from celery.signals import worker_shutting_down
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import clock, jobs
@@ -87,13 +86,8 @@ class Drain:
         self._byte[0] = 0
 
 
+# Set by the worker's main process when its shutdown begins (worker/app.py).
 DRAIN = Drain()
-
-
-@worker_shutting_down.connect(dispatch_uid="tffleet.batching.drain")
-def _begin_drain(**_: object) -> None:
-    # Sent in the main process by the handler of SIGTERM (warm), SIGINT or SIGQUIT (cold).
-    DRAIN.begin()
 
 
 class Runner(Protocol):

@@ -155,6 +155,8 @@ def drain_reset() -> Iterator[None]:
 
 
 def test_celerys_worker_shutting_down_signal_begins_the_drain(drain_reset: None) -> None:
+    import worker.app  # noqa: F401  (connects the receiver, as the worker's main process does)
+
     assert not DRAIN.began()
     worker_shutting_down.send(sender="tffleet-1@host", sig="SIGTERM", how="Warm", exitcode=0)
     assert DRAIN.began()
