@@ -1,4 +1,4 @@
-"""One batch: claim the named jobs, top up with other queued jobs, run one forward pass, write.
+"""A child's batches: claim what runs next, run it on the device, write the results, announce.
 
 A job that was claimed before and did not end (its child died, its batch ran out of time) runs
 alone from then on. A forward pass that outlives the model's time limit is ended by the heartbeat
@@ -7,30 +7,31 @@ raises, for the task to retry (worker/retry.py maps every path by which a job ru
 Once the worker's warm shutdown began (`DRAIN`), a child ends the batch it holds and claims no
 more, so the worker exits within `drain_bound_s` of SIGTERM.
 
+The stages overlap, each in a thread of its own (`Batcher`; the stages are worker/pipeline.py).
 Plain logic over a `Runner` (anything with `inputs` and `run(batch) -> outputs`), so tests can pass
 a function instead of TensorFlow.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import clock, jobs
 from db.jobs import Lease
 from db.models import JobErrorCode
-from tffleet import tensors
 from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
-from worker import metrics
+from worker import metrics, pipeline
 from worker.heartbeat import Heartbeat, Running
+from worker.pipeline import BatchPolicy, Decoded, Ran, Runner
 from worker.retry import INFRA_ERRORS
 
 log = logging.getLogger(__name__)
@@ -90,28 +91,6 @@ class Drain:
 DRAIN = Drain()
 
 
-class Runner(Protocol):
-    inputs: dict[str, dict[str, Any]]
-
-    def run(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    max_batch_size: int
-    max_queue_delay_ms: float
-    buckets: tuple[int, ...]
-    # How long one batch's forward passes may run (None: no limit); see `Batcher`.
-    timeout_s: float | None = None
-
-    def padded_size(self, samples: int) -> int:
-        """The smallest bucket that holds `samples`, so shapes repeat and nothing retraces."""
-        for size in self.buckets:
-            if size >= samples:
-                return size
-        return samples
-
-
 @dataclass
 class BatchReport:
     claimed: int = 0
@@ -139,14 +118,63 @@ def _no_wake(model: str, version: int, job_ids: Sequence[str]) -> None:
     """Without a publisher, jobs handed back wait for their message or the sweeper."""
 
 
+@dataclass(frozen=True)
+class _Task:
+    """The model version a task runs, and how."""
+
+    model: str
+    version: int
+    runner: Runner
+    policy: BatchPolicy
+
+
+@dataclass
+class _Next:
+    """What the feeder found for the device: the next batch, and what remains of the message."""
+
+    batch: Decoded | None  # claimed and decoded; None: nothing more for this task to run
+    fresh: list[str]  # the message's named jobs still queued and never claimed
+    retried: list[str]  # ... and those claimed before (they run alone, last)
+    # No claim was tried: every named job left the queue, or the task is out of batches or time.
+    stopped: bool = False
+    draining: bool = False  # the worker is shutting down: nothing was claimed
+
+
+class _Writes:
+    """The hand-off to the writer thread: one batch at a time, in order. A failed write's error
+    reaches the task's thread at the next hand-off or at `wait`."""
+
+    def __init__(self, writer: ThreadPoolExecutor) -> None:
+        self._writer = writer
+        self._pending: Future[BatchReport] | None = None
+        self.report = BatchReport()
+
+    def submit(self, write: Callable[..., BatchReport], *args: object) -> None:
+        self.wait()
+        self._pending = self._writer.submit(write, *args)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.report.add(pending.result())
+
+
 @dataclass
 class Batcher:
     """Runs batches for one child: its sessions, its identity, how to tell the API a job ended.
 
+    Three stages in three threads, handing one batch at a time to the next, so the device
+    never waits on the database or on decoding: the feeder claims and decodes batch k+1 while
+    the task's thread runs batch k on the device, and the writer encodes, writes and announces
+    batch k-1 (worker/pipeline.py has the stages). The heartbeat keeps every lease the child
+    holds alive, in whichever stage, from its claim until its batch is written or handed back.
+
     Time limit: a batch whose forward passes run past `policy.timeout_s` is ended by the heartbeat
     thread. A lone job fails `timeout`; the jobs of a larger batch go back to the queue, where
     each then runs alone (they were claimed before), so only the slow one fails. Then the thread
-    calls `on_timeout`, which ends the process (the stuck forward pass holds the device).
+    calls `on_timeout`, which ends the process (the stuck forward pass holds the device); the
+    worker's main process takes back the batches the child held in its other stages
+    (worker/orphans.py).
     """
 
     sessions: sessionmaker[Session]
@@ -160,7 +188,11 @@ class Batcher:
     on_timeout: Callable[[], None] = _end_process
     # Whether the worker is shutting down: then claim nothing more (see `Drain`).
     draining: Callable[[], bool] = DRAIN.began
+    # The device, as metrics name it (the seconds its forward passes took).
+    device: str = ""
     _heartbeat: Heartbeat = field(init=False, repr=False)
+    _feeder: ThreadPoolExecutor = field(init=False, repr=False)
+    _writer: ThreadPoolExecutor = field(init=False, repr=False)
     # Whether the last batch found other jobs waiting: only then is waiting for more worth it.
     _queue_busy: bool = field(default=False, init=False, repr=False)
     # What the jobs' `worker` says: this child, and the Celery task running them (`run`).
@@ -170,6 +202,8 @@ class Batcher:
         self._heartbeat = Heartbeat(
             sessions=self.sessions, lease_s=self.lease_s, on_deadline=self._time_out
         )
+        self._feeder = ThreadPoolExecutor(1, thread_name_prefix="batch-feeder")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="batch-writer")
 
     def run(
         self,
@@ -201,118 +235,101 @@ class Batcher:
         Once the worker is shutting down (`draining`), no batch starts: the named jobs still
         queued are published again, for another worker, and the task ends.
 
-        Raises `INFRA_ERRORS` when the database fails; the leases held are handed back first
-        where the database still answers.
+        Every batch is written before the task returns. Raises `INFRA_ERRORS` when the database
+        fails; the leases held are handed back first where the database still answers.
         """
-        report = BatchReport()
         # A job's `worker` names the task that ran it: in Flower, /task/<id> is its batch.
         self._worker = f"{self.owner} task {task_id}" if task_id else self.owner
+        task = _Task(model=model, version=version, runner=runner, policy=policy)
         named = list(dict.fromkeys(job_ids))
-        fresh: list[str] = []
-        retried: list[str] = []
-        claimed: set[str] = set()
         batches = -(-max(len(named), 1) // policy.max_batch_size) + MAX_EXTRA_BATCHES
         budget_ends = time.monotonic() + TASK_BUDGET_S
-        for _ in range(batches):
-            if self.draining():
-                self._leave(model, version, named)
-                return report
-            claimed = self._run_batch(
-                report, model=model, version=version, runner=runner, policy=policy
-            )
-            if claimed >= set(named):
-                fresh, retried = [], []
-                break
-            with self.sessions() as session:
-                fresh, retried = jobs.still_queued(session=session, job_ids=named)
-            if not fresh or not claimed or time.monotonic() >= budget_ends:
-                break
-        if fresh and claimed:  # out of batches or time with named jobs still waiting
-            self._pass_on(model, version, fresh, policy)
-        elif claimed and self._queue_busy and not self.draining():
+        writes = _Writes(self._writer)
+        pending: Future[_Next] | None = None
+        try:
+            following = self._next(task, named, after=None, claim=True)
+            started = 0
+            while following.batch is not None:
+                batch = following.batch
+                started += 1
+                more = started < batches and time.monotonic() < budget_ends
+                after = [lease.job_id for lease in batch.leases]
+                pending = self._feeder.submit(self._next, task, named, after=after, claim=more)
+                ran = self._forward(task, batch)
+                writes.submit(self._write, task, ran)
+                following, pending = pending.result(), None
+            writes.wait()
+        except BaseException:
+            self._abandon(task, writes, pending)
+            raise
+        report = writes.report
+        if following.draining:
+            self._leave(model, version, named)
+            return report
+        if following.stopped and following.fresh:  # out of batches or time
+            self._pass_on(model, version, following.fresh, policy)
+        elif following.stopped and self._queue_busy and not self.draining():
             self._keep_awake(model, version, policy)
-        while retried:
-            if self.draining():
-                self._leave(model, version, retried)
-                break
-            with self.sessions.begin() as session:
-                lease = jobs.claim_retried(
-                    session=session,
-                    job_ids=retried,
-                    owner=self.owner,
-                    lease_s=self.lease_s,
-                    worker=self._worker,
-                )
-            if lease is None:
-                break
-            retried.remove(lease.job_id)
-            report.add(
-                self._run_leases(
-                    model=model, version=version, leases=[lease], runner=runner, policy=policy
-                )
-            )
+        report.add(self._run_retried(task, following.retried))
         return report
 
-    def _pass_on(self, model: str, version: int, fresh: Sequence[str], policy: BatchPolicy) -> None:
-        if len(fresh) <= policy.max_batch_size:
-            self.wake(model, version, fresh)
-            return
-        # Two messages: another child takes half. Each split halves what a message names, so a
-        # request of n jobs makes at most 2n / max_batch_size messages in all.
-        half = len(fresh) // 2
-        self.wake(model, version, fresh[:half])
-        self.wake(model, version, fresh[half:])
+    def _next(
+        self, task: _Task, named: Sequence[str], *, after: Sequence[str] | None, claim: bool
+    ) -> _Next:
+        """The feeder's stage: claim and decode the task's next batch, unless the jobs the
+        message named have all left the queue (`after`: the ids of the batch on the device;
+        None before the first)."""
+        fresh: list[str] = list(named)
+        retried: list[str] = []
+        if after is not None:
+            if set(after) >= set(named):
+                return _Next(batch=None, fresh=[], retried=[], stopped=True)
+            with self.sessions() as session:
+                fresh, retried = jobs.still_queued(session=session, job_ids=named)
+            if not fresh or not claim:
+                return _Next(batch=None, fresh=fresh, retried=retried, stopped=True)
+        if self.draining():
+            return _Next(batch=None, fresh=fresh, retried=retried, draining=True)
+        batch = self._claim_batch(task)
+        if batch is None and after is None:
+            with self.sessions() as session:
+                fresh, retried = jobs.still_queued(session=session, job_ids=named)
+        return _Next(batch=batch, fresh=fresh, retried=retried)
 
-    def _keep_awake(self, model: str, version: int, policy: BatchPolicy) -> None:
-        # One message out for the one this task consumed: the count of messages never grows.
-        with self.sessions() as session:
-            waiting = jobs.some_queued(
-                session=session, model=model, version=version, limit=policy.max_batch_size
-            )
-        if waiting:
-            self.wake(model, version, waiting)
-
-    def _run_batch(
-        self,
-        report: BatchReport,
-        *,
-        model: str,
-        version: int,
-        runner: Runner,
-        policy: BatchPolicy,
-    ) -> set[str]:
-        """Claim and run one batch, adding to `report`; returns the ids it claimed."""
+    def _claim_batch(self, task: _Task) -> Decoded | None:
         leases: list[Lease] = []
         try:
-            self._claim(leases, model=model, version=version, policy=policy)
+            self._claim(leases, model=task.model, version=task.version, policy=task.policy)
         except INFRA_ERRORS:
-            self._hand_back(model, version, leases)
+            self._hand_back(task.model, task.version, leases)
             raise
-        if leases:
-            report.add(
-                self._run_leases(
-                    model=model, version=version, leases=leases, runner=runner, policy=policy
-                )
-            )
-        return {lease.job_id for lease in leases}
+        if not leases:
+            return None
+        return self._hold(task, leases)
 
-    def _run_leases(
-        self,
-        *,
-        model: str,
-        version: int,
-        leases: list[Lease],
-        runner: Runner,
-        policy: BatchPolicy,
-    ) -> BatchReport:
-        report = BatchReport(claimed=len(leases), samples=sum(lease.samples for lease in leases))
-        _observe_claim(model, leases)
+    def _hold(self, task: _Task, leases: list[Lease]) -> Decoded:
+        """Keep claimed leases alive from now until their batch is written, and decode them."""
+        self._heartbeat.keep(leases)
+        _observe_claim(task.model, leases)
+        return pipeline.decode(leases, runner=task.runner)
+
+    def _forward(self, task: _Task, batch: Decoded) -> Ran:
+        """The device's stage, in the task's thread."""
         started = time.perf_counter()
         with self._heartbeat.hold(
-            model=model, version=version, leases=leases, timeout_s=policy.timeout_s
-        ):
-            outcomes = run_leases(leases, runner=runner, policy=policy)
-        metrics.BATCH_SECONDS.labels(model).observe(time.perf_counter() - started)
+            model=task.model, version=task.version, leases=batch.leases,
+            timeout_s=task.policy.timeout_s,
+        ):  # fmt: skip
+            ran = pipeline.forward(batch, runner=task.runner, policy=task.policy)
+        metrics.BATCH_SECONDS.labels(task.model).observe(time.perf_counter() - started)
+        metrics.DEVICE_BUSY_SECONDS.labels(self.device, task.model).inc(ran.busy_s)
+        return ran
+
+    def _write(self, task: _Task, ran: Ran) -> BatchReport:
+        """The writer's stage: encode, write in one transaction, announce."""
+        model, version, leases = task.model, task.version, ran.leases
+        report = BatchReport(claimed=len(leases), samples=sum(lease.samples for lease in leases))
+        outcomes = pipeline.encode(ran)
         succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
         failed = [(lease, out) for lease, out in outcomes if isinstance(out, str)]
         try:
@@ -330,6 +347,7 @@ class Batcher:
         except INFRA_ERRORS:
             self._hand_back(model, version, leases)
             raise
+        self._heartbeat.drop(leases)
         report.succeeded, report.failed = len(succeeded), len(failed)
         metrics.JOBS_FINISHED.labels(model, "succeeded").inc(report.succeeded)
         metrics.JOBS_FINISHED.labels(model, "failed").inc(report.failed)
@@ -360,6 +378,57 @@ class Batcher:
             )
         self.notify(ended)
         return report
+
+    def _run_retried(self, task: _Task, retried: list[str]) -> BatchReport:
+        """Run the named jobs claimed before, one forward pass each, one stage after another."""
+        report = BatchReport()
+        while retried:
+            if self.draining():
+                self._leave(task.model, task.version, retried)
+                break
+            with self.sessions.begin() as session:
+                lease = jobs.claim_retried(
+                    session=session,
+                    job_ids=retried,
+                    owner=self.owner,
+                    lease_s=self.lease_s,
+                    worker=self._worker,
+                )
+            if lease is None:
+                break
+            retried.remove(lease.job_id)
+            ran = self._forward(task, self._hold(task, [lease]))
+            report.add(self._write(task, ran))
+        return report
+
+    def _abandon(self, task: _Task, writes: _Writes, pending: Future[_Next] | None) -> None:
+        """The task failed: let the stages settle, then hand back every lease still held."""
+        # Their own errors are dropped: the task's is the one raised.
+        with contextlib.suppress(BaseException):
+            writes.wait()
+        if pending is not None:
+            with contextlib.suppress(BaseException):
+                pending.result()
+        self._hand_back(task.model, task.version, self._heartbeat.kept())
+
+    def _pass_on(self, model: str, version: int, fresh: Sequence[str], policy: BatchPolicy) -> None:
+        if len(fresh) <= policy.max_batch_size:
+            self.wake(model, version, fresh)
+            return
+        # Two messages: another child takes half. Each split halves what a message names, so a
+        # request of n jobs makes at most 2n / max_batch_size messages in all.
+        half = len(fresh) // 2
+        self.wake(model, version, fresh[:half])
+        self.wake(model, version, fresh[half:])
+
+    def _keep_awake(self, model: str, version: int, policy: BatchPolicy) -> None:
+        # One message out for the one this task consumed: the count of messages never grows.
+        with self.sessions() as session:
+            waiting = jobs.some_queued(
+                session=session, model=model, version=version, limit=policy.max_batch_size
+            )
+        if waiting:
+            self.wake(model, version, waiting)
 
     def fail_named(
         self, *, model: str, version: int, job_ids: Sequence[str], message: str
@@ -394,6 +463,7 @@ class Batcher:
         if not, their leases expire and the sweeper requeues them."""
         if not leases:
             return
+        self._heartbeat.drop(leases)  # kept alive no more, whether or not the release commits
         try:
             with self.sessions.begin() as session:
                 released = jobs.release(session=session, leases=leases)
@@ -499,88 +569,3 @@ def _observe_claim(model: str, leases: Sequence[Lease]) -> None:
             metrics.QUEUE_WAIT_SECONDS.labels(model).observe(
                 (lease.started_at - lease.created_at).total_seconds()
             )
-
-
-Outcome = tuple[Lease, bytes | str]  # packed outputs, or an error message
-
-
-def run_leases(leases: Sequence[Lease], *, runner: Runner, policy: BatchPolicy) -> list[Outcome]:
-    """Run every claimed job: batch jobs whose shapes agree, isolate a job that makes TF raise."""
-    outcomes: list[Outcome] = []
-    groups: dict[tuple[Any, ...], list[tuple[Lease, dict[str, np.ndarray]]]] = {}
-    for lease in leases:
-        try:
-            arrays = tensors.unpack(lease.inputs)
-        except Exception:
-            # An unreadable blob is that job's fault alone: raising here would strand the whole
-            # batch until its leases expire, and cost every job in it an attempt.
-            outcomes.append((lease, _describe_failure()))
-            continue
-        key = tuple((name, arrays[name].shape[1:]) for name in sorted(arrays))
-        groups.setdefault(key, []).append((lease, arrays))
-    for group in groups.values():
-        try:
-            outcomes.extend(_run_group(group, runner=runner, policy=policy))
-        except Exception:
-            if len(group) == 1:
-                lease, _ = group[0]
-                outcomes.append((lease, _describe_failure()))
-                continue
-            # One bad job must not fail the others: run each alone to find it.
-            for item in group:
-                try:
-                    outcomes.extend(_run_group([item], runner=runner, policy=policy))
-                except Exception:
-                    outcomes.append((item[0], _describe_failure()))
-    return outcomes
-
-
-def _describe_failure() -> str:
-    import sys
-
-    exc = sys.exc_info()[1]
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:1000]
-
-
-def _run_group(
-    group: Sequence[tuple[Lease, dict[str, np.ndarray]]], *, runner: Runner, policy: BatchPolicy
-) -> list[Outcome]:
-    names = list(runner.inputs)
-    if len(group) == 1:  # a large job usually runs alone: no copy of its inputs
-        batch = {name: group[0][1][name] for name in names}
-    else:
-        batch = {name: np.concatenate([arrays[name] for _, arrays in group]) for name in names}
-    total = len(next(iter(batch.values())))
-    outputs = _forward(batch, total=total, runner=runner, policy=policy)
-    outcomes: list[Outcome] = []
-    start = 0
-    for lease, _ in group:
-        end = start + lease.samples
-        outcomes.append((lease, tensors.pack({k: v[start:end] for k, v in outputs.items()})))
-        start = end
-    return outcomes
-
-
-def _forward(
-    batch: dict[str, np.ndarray], *, total: int, runner: Runner, policy: BatchPolicy
-) -> dict[str, np.ndarray]:
-    """Pad to a bucket and run; a batch over max_batch_size runs in chunks, joined in order."""
-    parts: list[dict[str, np.ndarray]] = []
-    for start in range(0, total, policy.max_batch_size):
-        chunk = {k: v[start : start + policy.max_batch_size] for k, v in batch.items()}
-        size = len(next(iter(chunk.values())))
-        padded = policy.padded_size(size)
-        if padded > size:
-            chunk = {k: _pad(v, padded - size) for k, v in chunk.items()}
-        out = runner.run(chunk)
-        parts.append({k: np.asarray(v)[:size] for k, v in out.items()})
-    if len(parts) == 1:
-        return parts[0]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-
-def _pad(array: np.ndarray, rows: int) -> np.ndarray:
-    """`array` with `rows` more of zeros, False or b"" (strings: np.zeros would put 0 there)."""
-    fill = b"" if array.dtype == object else 0
-    return np.concatenate([array, np.full((rows, *array.shape[1:]), fill, dtype=array.dtype)])

@@ -118,8 +118,9 @@ def init() -> None:
     runtime.configure_threads(intra_op=threads)
     # Its main process finds a dead child's jobs by this prefix (worker/orphans.py).
     owner = f"{owner_prefix(socket.gethostname(), os.getpid())}{device}/{uuid.uuid4().hex[:6]}"
-    # The task thread, the lease heartbeat, reports and rescans: one connection each.
-    engine = make_engine(settings.database_url, pool_size=4)
+    # The task thread, the batch feeder and writer, the lease heartbeat, reports and rescans:
+    # one connection each.
+    engine = make_engine(settings.database_url, pool_size=6)
     sessions = make_sessionmaker(engine)
     notifier = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
     with sessions() as session:
@@ -140,7 +141,12 @@ def init() -> None:
         publisher.publish(model=model, version=version, job_ids=job_ids)
 
     batcher = Batcher(
-        sessions=sessions, owner=owner, lease_s=settings.lease_s, notify=notify, wake=wake
+        sessions=sessions,
+        owner=owner,
+        lease_s=settings.lease_s,
+        notify=notify,
+        wake=wake,
+        device=str(device),
     )
     defaults = ModelConfig(
         max_batch_size=settings.max_batch_size,

@@ -18,9 +18,15 @@ QUEUE_WAIT_SECONDS = Histogram(
     buckets=_TIME_BUCKETS,
 )  # fmt: skip
 BATCH_SECONDS = Histogram(
-    "tffleet_batch_run_seconds", "Time to run a batch (decode, forward passes, split)", ["model"],
+    "tffleet_batch_run_seconds", "Time a batch spends on the device (forward passes, padding)",
+    ["model"],
     buckets=_TIME_BUCKETS,
 )  # fmt: skip
 JOBS_FINISHED = Counter(
     "tffleet_jobs_finished_total", "Jobs a worker ended, by outcome", ["model", "status"]
+)
+DEVICE_BUSY_SECONDS = Counter(
+    "tffleet_device_busy_seconds",
+    "Seconds a device spent in forward passes: its rate is the device's busy fraction",
+    ["device", "model"],
 )

@@ -17,7 +17,8 @@ from db.models import DEFAULT_TENANT, Job, JobStatus
 from tffleet import tensors
 from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
 from worker import batching
-from worker.batching import Batcher, BatchPolicy, BatchReport, run_leases
+from worker.batching import Batcher, BatchPolicy, BatchReport
+from worker.pipeline import run_leases
 
 Sessions = sessionmaker[Session]
 

@@ -23,7 +23,7 @@ from tests.formats import (
     write_corrupt,
 )
 from tffleet import tensors
-from worker.batching import BatchPolicy, run_leases
+from worker.pipeline import BatchPolicy, run_leases
 from worker.repository import ModelConfig, ModelSpec, scan
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -1,0 +1,182 @@
+"""A batch's three stages, as plain functions over a `Runner`: decode, forward, encode.
+
+    decode   the claimed jobs' stored inputs into one batch per sample shape (host memory)
+    forward  the model on the device: padded to a bucket, in chunks of max_batch_size
+    encode   each job's rows of the outputs, packed for the database
+
+`worker.batching.Batcher` runs them in different threads so the device never waits: while batch
+k runs `forward`, batch k+1 is claimed and decoded and batch k-1 encoded and written. Nothing
+here touches the database or TensorFlow, so tests pass a function for the model.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from db.jobs import Lease
+from tffleet import tensors
+
+Arrays = dict[str, np.ndarray]
+Outcome = tuple[Lease, bytes | str]  # packed outputs, or an error message
+
+
+class Runner(Protocol):
+    inputs: dict[str, dict[str, Any]]
+
+    def run(self, batch: Arrays) -> Arrays: ...
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch_size: int
+    max_queue_delay_ms: float
+    buckets: tuple[int, ...]
+    # How long one batch's forward passes may run (None: no limit); see `Batcher`.
+    timeout_s: float | None = None
+
+    def padded_size(self, samples: int) -> int:
+        """The smallest bucket that holds `samples`, so shapes repeat and nothing retraces."""
+        for size in self.buckets:
+            if size >= samples:
+                return size
+        return samples
+
+
+@dataclass
+class Group:
+    """Jobs whose samples have the same shape: they run in one forward pass."""
+
+    jobs: list[tuple[Lease, Arrays]]
+    batch: Arrays  # their inputs, joined in order
+
+    @property
+    def samples(self) -> int:
+        return sum(lease.samples for lease, _ in self.jobs)
+
+
+@dataclass
+class Decoded:
+    """A claimed batch, ready for the device."""
+
+    leases: list[Lease]
+    groups: list[Group]
+    failed: list[Outcome]  # jobs whose stored inputs could not be read
+
+
+@dataclass
+class Ran:
+    """A batch after its forward passes: each job's rows of the outputs, or its error."""
+
+    leases: list[Lease]
+    outputs: list[tuple[Lease, Arrays]] = field(default_factory=list)
+    failed: list[Outcome] = field(default_factory=list)
+    busy_s: float = 0.0  # seconds spent in the model's forward passes
+
+
+def decode(leases: Sequence[Lease], *, runner: Runner) -> Decoded:
+    """Read each job's inputs and join the jobs whose sample shapes agree."""
+    failed: list[Outcome] = []
+    by_shape: dict[tuple[Any, ...], list[tuple[Lease, Arrays]]] = {}
+    for lease in leases:
+        try:
+            arrays = tensors.unpack(lease.inputs)
+        except Exception:
+            # An unreadable blob is that job's fault alone: raising here would strand the whole
+            # batch until its leases expire, and cost every job in it an attempt.
+            failed.append((lease, describe_failure()))
+            continue
+        key = tuple((name, arrays[name].shape[1:]) for name in sorted(arrays))
+        by_shape.setdefault(key, []).append((lease, arrays))
+    names = list(runner.inputs)
+    groups = []
+    for jobs in by_shape.values():
+        if len(jobs) == 1:  # a large job usually runs alone: no copy of its inputs
+            batch = {name: jobs[0][1][name] for name in names}
+        else:
+            batch = {name: np.concatenate([arrays[name] for _, arrays in jobs]) for name in names}
+        groups.append(Group(jobs=jobs, batch=batch))
+    return Decoded(leases=list(leases), groups=groups, failed=failed)
+
+
+def forward(decoded: Decoded, *, runner: Runner, policy: BatchPolicy) -> Ran:
+    """Run every group; a group that makes the model raise runs job by job, to find the one."""
+    ran = Ran(leases=decoded.leases, failed=list(decoded.failed))
+    for group in decoded.groups:
+        try:
+            _run_group(group, ran, runner=runner, policy=policy)
+        except Exception:
+            if len(group.jobs) == 1:
+                ran.failed.append((group.jobs[0][0], describe_failure()))
+                continue
+            # One bad job must not fail the others.
+            for lease, arrays in group.jobs:
+                alone = Group(jobs=[(lease, arrays)], batch={n: arrays[n] for n in runner.inputs})
+                try:
+                    _run_group(alone, ran, runner=runner, policy=policy)
+                except Exception:
+                    ran.failed.append((lease, describe_failure()))
+    return ran
+
+
+def encode(ran: Ran) -> list[Outcome]:
+    """Each job's outputs packed for the database (or its error)."""
+    outcomes: list[Outcome] = []
+    for lease, outputs in ran.outputs:
+        try:
+            outcomes.append((lease, tensors.pack(outputs)))
+        except Exception:
+            outcomes.append((lease, describe_failure()))
+    return outcomes + ran.failed
+
+
+def run_leases(leases: Sequence[Lease], *, runner: Runner, policy: BatchPolicy) -> list[Outcome]:
+    """All three stages in one go, for callers that need no overlap."""
+    return encode(forward(decode(leases, runner=runner), runner=runner, policy=policy))
+
+
+def describe_failure() -> str:
+    """The exception being handled, in one line."""
+    exc = sys.exc_info()[1]
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:1000]
+
+
+def _run_group(group: Group, ran: Ran, *, runner: Runner, policy: BatchPolicy) -> None:
+    outputs = _forward(group.batch, total=group.samples, ran=ran, runner=runner, policy=policy)
+    start = 0
+    for lease, _ in group.jobs:
+        end = start + lease.samples
+        ran.outputs.append((lease, {k: v[start:end] for k, v in outputs.items()}))
+        start = end
+
+
+def _forward(batch: Arrays, *, total: int, ran: Ran, runner: Runner, policy: BatchPolicy) -> Arrays:
+    """Pad to a bucket and run; a batch over max_batch_size runs in chunks, joined in order."""
+    parts: list[Arrays] = []
+    for start in range(0, total, policy.max_batch_size):
+        chunk = {k: v[start : start + policy.max_batch_size] for k, v in batch.items()}
+        size = len(next(iter(chunk.values())))
+        padded = policy.padded_size(size)
+        if padded > size:
+            chunk = {k: _pad(v, padded - size) for k, v in chunk.items()}
+        started = time.perf_counter()
+        try:
+            out = runner.run(chunk)
+        finally:
+            ran.busy_s += time.perf_counter() - started
+        parts.append({k: np.asarray(v)[:size] for k, v in out.items()})
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _pad(array: np.ndarray, rows: int) -> np.ndarray:
+    """`array` with `rows` more of zeros, False or b"" (strings: np.zeros would put 0 there)."""
+    fill = b"" if array.dtype == object else 0
+    return np.concatenate([array, np.full((rows, *array.shape[1:]), fill, dtype=array.dtype)])
