@@ -149,6 +149,15 @@ class Job(Base):
     # turns it into `expires_at` once the job has ended.
     ttl_s: Mapped[int | None] = mapped_column(Integer)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # A job larger than a batch, split into parts that every child may run (db/parts.py): a
+    # part names its job and where its samples start; the job counts its parts and the samples
+    # they finished.
+    parent_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("jobs.id", name="fk_jobs_parent_id", ondelete="CASCADE")
+    )
+    part_offset: Mapped[int | None] = mapped_column(Integer)
+    parts: Mapped[int | None] = mapped_column(Integer)
+    samples_done: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
@@ -163,6 +172,7 @@ class Job(Base):
         # The sweeper's purge: finished jobs, oldest first.
         Index("ix_jobs_finished_at", "finished_at"),
         Index("ix_jobs_expires_at", "expires_at"),
+        Index("ix_jobs_parent_id", "parent_id"),
     )
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import clock, jobs
+from db import clock, jobs, parts
 from db.jobs import Lease
 from db.models import JobErrorCode
 from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
@@ -118,6 +118,11 @@ def _no_wake(model: str, version: int, job_ids: Sequence[str]) -> None:
     """Without a publisher, jobs handed back wait for their message or the sweeper."""
 
 
+def _no_peers(model: str, version: int) -> int:
+    """Without presence, this child is taken to serve the model alone: nothing is split."""
+    return 0
+
+
 @dataclass(frozen=True)
 class _Task:
     """The model version a task runs, and how."""
@@ -190,6 +195,9 @@ class Batcher:
     draining: Callable[[], bool] = DRAIN.began
     # The device, as metrics name it (the seconds its forward passes took).
     device: str = ""
+    # How many other live children serve a model version: a job larger than a batch is split
+    # into parts for them (db/parts.py) when they have nothing else queued to run.
+    peers: Callable[[str, int], int] = _no_peers
     _heartbeat: Heartbeat = field(init=False, repr=False)
     _feeder: ThreadPoolExecutor = field(init=False, repr=False)
     _writer: ThreadPoolExecutor = field(init=False, repr=False)
@@ -300,12 +308,45 @@ class Batcher:
         leases: list[Lease] = []
         try:
             self._claim(leases, model=task.model, version=task.version, policy=task.policy)
+            if self._split(task, leases):
+                self._claim(leases, model=task.model, version=task.version, policy=task.policy)
         except INFRA_ERRORS:
             self._hand_back(task.model, task.version, leases)
             raise
         if not leases:
             return None
         return self._hold(task, leases)
+
+    def _split(self, task: _Task, leases: list[Lease]) -> bool:
+        """Split a job larger than a batch into parts that idle children run beside this one,
+        and wake them; `leases` is emptied, for this child to claim the first part. A job is
+        split only while other children serve its model and nothing else of it is queued:
+        otherwise they have work of their own, and the split would only cost a copy."""
+        size = task.policy.max_batch_size
+        if len(leases) != 1 or leases[0].samples <= size:
+            return False
+        peers = self.peers(task.model, task.version)
+        if peers <= 0:
+            return False
+        with self.sessions() as session:
+            if jobs.some_queued(session=session, model=task.model, version=task.version, limit=1):
+                return False
+        (lease,) = leases
+        with self.sessions.begin() as session:
+            ids = parts.split(
+                session=session, lease=lease, model=task.model, version=task.version,
+                part_samples=size,
+            )  # fmt: skip
+        leases.clear()
+        log.info(
+            "split job %s (%d samples) into %d parts for %d more children",
+            lease.job_id, lease.samples, len(ids), peers,
+        )  # fmt: skip
+        # A message for each other child (this one claims next); each names a share of parts.
+        messages = min(peers, len(ids))
+        for first in range(messages):
+            self.wake(task.model, task.version, ids[first::messages])
+        return True
 
     def _hold(self, task: _Task, leases: list[Lease]) -> Decoded:
         """Keep claimed leases alive from now until their batch is written, and decode them."""
@@ -344,6 +385,13 @@ class Batcher:
                         code=JobErrorCode.MODEL_ERROR,
                         message=message,
                     )
+                # Split jobs whose last part this was end now, in the same transaction.
+                joined = parts.settle(
+                    session=session,
+                    parent_ids=parts.parents_of(
+                        session=session, job_ids=[lease.job_id for lease in leases]
+                    ),
+                )
         except INFRA_ERRORS:
             self._hand_back(model, version, leases)
             raise
@@ -376,7 +424,7 @@ class Batcher:
                     outputs=outputs,
                 )
             )
-        self.notify(ended)
+        self.notify([*ended, *joined])
         return report
 
     def _run_retried(self, task: _Task, retried: list[str]) -> BatchReport:
@@ -544,6 +592,9 @@ class Batcher:
                         code=JobErrorCode.TIMEOUT,
                         message=f"the forward pass ran past the time limit of "
                         f"{batch.timeout_s:g}s (the model's timeout_s, or TFFLEET_JOB_TIMEOUT_S)",
+                    )
+                    ids += parts.settle(
+                        session=session, parent_ids=parts.parents_of(session=session, job_ids=ids)
                     )
                 else:
                     jobs.release(session=session, leases=batch.leases)

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 import billiard.process
 import redis
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 from db import clock, jobs, presence
 from db import secrets as fleet_secrets
 from db.engine import make_engine, make_sessionmaker
+from db.models import PresenceState
 from tffleet import announcements
 from tffleet.announcements import EndedJob
 from tffleet.broker import Publisher
@@ -89,6 +91,35 @@ class Child:
         return BatchReport()
 
 
+class Peers:
+    """How many other live children hold a model version, read at most once per `poll_s`."""
+
+    def __init__(self, sessions: sessionmaker[Session], *, child: str, poll_s: float) -> None:
+        self._sessions = sessions
+        self._child = child
+        self._poll_s = poll_s
+        self._seen: dict[tuple[str, int], tuple[float, int]] = {}
+
+    def __call__(self, model: str, version: int) -> int:
+        now = time.monotonic()
+        seen = self._seen.get((model, version))
+        if seen is not None and now - seen[0] < self._poll_s:
+            return seen[1]
+        with self._sessions() as session:
+            count = len(
+                presence.holders(
+                    session=session,
+                    name=model,
+                    version=version,
+                    since=presence.live_since(self._poll_s, clock.now(session)),
+                    states=(PresenceState.LOADED.value,),
+                    exclude=self._child,
+                )
+            )
+        self._seen[(model, version)] = (now, count)
+        return count
+
+
 _child: Child | None = None
 
 
@@ -147,6 +178,7 @@ def init() -> None:
         notify=notify,
         wake=wake,
         device=str(device),
+        peers=Peers(sessions, child=owner, poll_s=settings.model_poll_s),
     )
     defaults = ModelConfig(
         max_batch_size=settings.max_batch_size,

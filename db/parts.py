@@ -1,0 +1,207 @@
+"""A job split into parts that every child serving its model may run at once.
+
+A job of more samples than one batch holds would otherwise run as chunks, one after another, in
+the child that claimed it, while the others idle. That child splits it instead (`split`): each
+part is a job row of its own (`parent_id`, `part_offset`), queued, so the claim, the leases, the
+heartbeat, the sweeper and the "claimed before runs alone" rule treat a part as any job. The
+job itself stays `running`, without a lease, while its parts run:
+
+    job (running, parts = n) ── its parts: queued ─▶ running ─▶ succeeded / failed
+       │
+       └── settle (in the transaction that ends a part, or the sweeper's) ─▶
+             every part succeeded: the job's outputs, joined in part order, written once
+             a part failed:        the job fails with that part's error
+             the job ended else (canceled): its parts are deleted, a late result is dropped
+
+Parts never show in listings or tenant quotas; a job's `samples_done` counts its parts'
+samples that succeeded, for progress. Once the job ends, its parts are deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Table, delete, select, update
+from sqlalchemy.orm import Session
+
+from db import clock
+from db.jobs import Lease
+from db.models import Job, JobErrorCode, JobInput, JobStatus
+from tffleet import tensors
+
+_jobs: Table = Job.__table__  # type: ignore[assignment]
+_inputs: Table = JobInput.__table__  # type: ignore[assignment]
+
+
+def part_id(parent_id: str) -> str:
+    """A UUIDv7 of the parent's millisecond: parts queue where their job did (ids order age)."""
+    ms = uuid.UUID(parent_id).int >> 80
+    tail = int.from_bytes(os.urandom(10), "big") >> 6  # 74 random bits
+    value = ms << 80 | 0x7 << 76 | (tail >> 62) << 64 | 0x2 << 62 | tail & ((1 << 62) - 1)
+    return str(uuid.UUID(int=value))
+
+
+def split(
+    *, session: Session, lease: Lease, model: str, version: int, part_samples: int
+) -> list[str]:
+    """Split a claimed job into queued parts of `part_samples` samples (the last may be
+    smaller); returns their ids, in order. The job stays `running`, its lease let go: its parts
+    now hold it. Empty if the lease no longer holds (the job was canceled, or taken back)."""
+    arrays = tensors.unpack(lease.inputs)
+    starts = list(range(0, lease.samples, part_samples))
+    held = session.execute(
+        update(_jobs)
+        .where(
+            _jobs.c.id == lease.job_id,
+            _jobs.c.status == JobStatus.RUNNING.value,
+            _jobs.c.lease_owner == lease.owner,
+            _jobs.c.attempts == lease.attempt,
+        )
+        .values(parts=len(starts), samples_done=0, lease_owner=None, lease_expires_at=None)
+        .returning(_jobs.c.tenant, _jobs.c.ttl_s)
+    ).one_or_none()
+    if held is None:
+        return []
+    ids = [part_id(lease.job_id) for _ in starts]
+    rows = []
+    for part, start in zip(ids, starts, strict=True):
+        rows.append(
+            {
+                "id": part,
+                "parent_id": lease.job_id,
+                "part_offset": start,
+                "tenant": held.tenant,
+                "model": model,
+                "version": version,
+                "status": JobStatus.QUEUED.value,
+                "priority": lease.priority,
+                "samples": min(part_samples, lease.samples - start),
+                "attempts": 0,
+                "created_at": lease.created_at,
+            }
+        )
+    session.execute(_jobs.insert(), rows)
+    session.execute(
+        _inputs.insert(),
+        [
+            {
+                "job_id": part,
+                "data": tensors.pack({k: v[s : s + part_samples] for k, v in arrays.items()}),
+            }
+            for part, s in zip(ids, starts, strict=True)
+        ],
+    )
+    # Its parts hold the inputs now.
+    session.execute(delete(_inputs).where(_inputs.c.job_id == lease.job_id))
+    return ids
+
+
+def parents_of(*, session: Session, job_ids: Sequence[str]) -> set[str]:
+    """The split jobs that these jobs are parts of."""
+    if not job_ids:
+        return set()
+    return set(
+        session.scalars(
+            select(_jobs.c.parent_id).where(
+                _jobs.c.id.in_(list(job_ids)), _jobs.c.parent_id.is_not(None)
+            )
+        )
+    )
+
+
+def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:
+    """After parts ended: record each job's progress, and end a job whose parts all succeeded
+    (its outputs joined in part order) or one of whose parts failed. Returns the jobs that ended.
+
+    Each job's row is locked first, so of two transactions that end its last two parts, the
+    second sees the first's and writes the outputs (SQLite runs one writer at a time)."""
+    ended = []
+    for parent_id in sorted(set(parent_ids)):
+        parent = session.execute(
+            select(_jobs.c.status, _jobs.c.parts, _jobs.c.samples)
+            .where(_jobs.c.id == parent_id)
+            .with_for_update()
+        ).one_or_none()
+        if parent is None:
+            continue
+        if parent.status != JobStatus.RUNNING.value or parent.parts is None:
+            _discard(session, parent_id)  # it ended otherwise (canceled): drop what is left
+            continue
+        parts = session.execute(
+            select(
+                _jobs.c.id,
+                _jobs.c.status,
+                _jobs.c.samples,
+                _jobs.c.part_offset,
+                _jobs.c.error_code,
+                _jobs.c.error_message,
+            )
+            .where(_jobs.c.parent_id == parent_id)
+            .order_by(_jobs.c.part_offset)
+        ).all()
+        now = clock.now(session)
+        failed = next((p for p in parts if p.status == JobStatus.FAILED.value), None)
+        if failed is not None:
+            end = failed.part_offset + failed.samples
+            session.execute(
+                update(_jobs)
+                .where(_jobs.c.id == parent_id)
+                .values(
+                    status=JobStatus.FAILED.value,
+                    error_code=failed.error_code or JobErrorCode.MODEL_ERROR.value,
+                    error_message=f"samples {failed.part_offset} to {end - 1}: "
+                    f"{failed.error_message or ''}",
+                    finished_at=now,
+                )
+            )
+            _discard(session, parent_id)
+            ended.append(parent_id)
+            continue
+        done = [p for p in parts if p.status == JobStatus.SUCCEEDED.value]
+        values: dict[str, Any] = {"samples_done": sum(p.samples for p in done)}
+        if len(done) == parent.parts:
+            values |= {
+                "status": JobStatus.SUCCEEDED.value,
+                "outputs": _join(session, [p.id for p in done]),
+                "finished_at": now,
+            }
+            ended.append(parent_id)
+        session.execute(update(_jobs).where(_jobs.c.id == parent_id).values(**values))
+        if parent_id in ended:
+            _discard(session, parent_id)
+    return ended
+
+
+def stranded(*, session: Session, limit: int = 100) -> list[str]:
+    """Split jobs to settle that no part's transaction settled: a part failed `worker_lost` or
+    `timeout` (the sweeper and the worker's main process end those), or the job was canceled
+    while parts remained. The sweeper settles them."""
+    parent = _jobs.alias("parent")
+    query = (
+        select(_jobs.c.parent_id)
+        .join(parent, parent.c.id == _jobs.c.parent_id)
+        .where(
+            (_jobs.c.status == JobStatus.FAILED.value)
+            | (parent.c.status != JobStatus.RUNNING.value)
+        )
+        .distinct()
+        .limit(limit)
+    )
+    return list(session.scalars(query))
+
+
+def _join(session: Session, part_ids: Sequence[str]) -> bytes:
+    outputs = dict(
+        session.execute(select(_jobs.c.id, _jobs.c.outputs).where(_jobs.c.id.in_(part_ids))).all()
+    )
+    parts = [tensors.unpack(outputs[part]) for part in part_ids]
+    return tensors.pack({name: np.concatenate([p[name] for p in parts]) for name in parts[0]})
+
+
+def _discard(session: Session, parent_id: str) -> None:
+    """Delete a job's parts (their inputs go with them); a late result of one finds no row."""
+    session.execute(delete(_jobs).where(_jobs.c.parent_id == parent_id))
