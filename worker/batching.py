@@ -249,7 +249,7 @@ class Batcher:
         # A job's `worker` names the task that ran it: in Flower, /task/<id> is its batch.
         self._worker = f"{self.owner} task {task_id}" if task_id else self.owner
         task = _Task(model=model, version=version, runner=runner, policy=policy)
-        named = list(dict.fromkeys(job_ids))
+        named = self._share(task, list(dict.fromkeys(job_ids)))
         batches = -(-max(len(named), 1) // policy.max_batch_size) + MAX_EXTRA_BATCHES
         budget_ends = time.monotonic() + TASK_BUDGET_S
         writes = _Writes(self._writer)
@@ -280,6 +280,19 @@ class Batcher:
             self._keep_awake(model, version, policy)
         report.add(self._run_retried(task, following.retried))
         return report
+
+    def _share(self, task: _Task, named: list[str]) -> list[str]:
+        """A message naming more jobs than one batch holds is shared at once with the other
+        children serving the model: each gets a message naming a share, this task keeps one.
+        Otherwise a fast model's bulk request runs whole on the child that took its message,
+        batch after batch within `TASK_BUDGET_S`, while the others idle."""
+        batches = -(-len(named) // task.policy.max_batch_size)
+        if batches < 2 or self.draining():
+            return named
+        shares = min(self.peers(task.model, task.version), batches - 1) + 1
+        for share in range(1, shares):
+            self.wake(task.model, task.version, named[share::shares])
+        return named[::shares]
 
     def _next(
         self, task: _Task, named: Sequence[str], *, after: Sequence[str] | None, claim: bool

@@ -163,3 +163,19 @@ def test_progress_counts_the_samples_of_the_parts_that_succeeded(sessions: Sessi
     job = read(sessions, job_id)
     assert (job.status, job.parts) == (JobStatus.RUNNING, 3)
     assert job.samples_done is not None and 4 <= job.samples_done < 12
+
+
+def test_a_message_naming_more_than_a_batch_is_shared_with_the_other_children_at_once(
+    sessions: Sessions,
+) -> None:
+    ids = [submit(sessions, samples(1, seed=i)) for i in range(12)]
+    first, second = Child(sessions, "c1", peers=2), Child(sessions, "c2", peers=2)
+
+    first.run(ids)  # a fast model: alone, it would run all three batches itself
+
+    # It kept a third and woke the two other children for a third each, before its first batch.
+    assert [len(named) for named in first.woken[:2]] == [4, 4]
+    assert sorted(first.woken[0] + first.woken[1]) == sorted(set(ids) - set(ids[::3]))
+    for named in first.woken[:2]:
+        second.run(named)
+    assert all(read(sessions, job_id).status == JobStatus.SUCCEEDED for job_id in ids)
