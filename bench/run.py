@@ -84,7 +84,9 @@ def build_models(repository: Path) -> None:
     h = keras.layers.GlobalAveragePooling2D()(h)
     cnn = keras.Model(image, keras.layers.Dense(10)(h))
     cnn.export(str(repository / "cnn" / "1"), format="tf_saved_model", verbose=False)
-    (repository / "cnn" / "model.toml").write_text("max_batch_size = 128\n")
+    # Tuned as an operator would: on this CPU a batch of 32 to 64 images runs about 30% faster
+    # per image than one of 128 (the in-process figures of (1) show it).
+    (repository / "cnn" / "model.toml").write_text("max_batch_size = 64\n")
 
     # For fair share: a model so small that the backlog is all queueing, no compute.
     keras.utils.set_random_seed(0)
@@ -486,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             r["1cnn"] = _section(
                 "(1) in-process CNN",
-                lambda: in_process(repository / "cnn" / "1", CNN_SHAPE, (128,)),
+                lambda: in_process(repository / "cnn" / "1", CNN_SHAPE, (32, 64, 128)),
             )
             celery = _section(
                 "(2) plain Celery",
@@ -566,7 +568,8 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
           f"{args.clients} clients)\n")  # fmt: skip
     for batch in (1, 8, 32, 128):
         print(f"(1) in-process MLP, batch {batch:3d}          {show('1', samples(batch))}")
-    print(f"(1) in-process CNN, batch 128          {show('1cnn', samples(128))}")
+    for batch in (32, 64, 128):
+        print(f"(1) in-process CNN, batch {batch:3d}          {show('1cnn', samples(batch))}")
     print(f"(2) plain Celery, one task per job     {show('2')}")
     print(f"(3) tffleet HTTP, batching on          {show('3on')}")
     print(f"(3) tffleet HTTP, batching off         {show('3off')}")
@@ -592,13 +595,14 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     else:
         print("(7) fair share                         failed (see above)")
 
+    best_cnn = max(v.rate for v in r["1cnn"].values()) if r.get("1cnn") else None
     idle = r["6"].p50_ms if r.get("6") else None
     celery_p50 = r["2idle"].p50_ms if r.get("2idle") else None
     ratios = [
         ("(3)/(2)        HTTP jobs/s vs plain Celery", rate("3on"), rate("2"), ">= 3"),
         ("(3 on)/(3 off) batching on vs off", rate("3on"), rate("3off"), ">= 3"),
         ("(4)/(2)        bulk SDK vs plain Celery", rate("4"), rate("2"), ">= 10"),
-        ("(5)/(1 @128)   CNN via tffleet vs in-process", rate("5"), rate("1cnn", 128), ">= 0.7"),
+        ("(5)/(1 best)   CNN via tffleet vs in-process", rate("5"), best_cnn, ">= 0.8"),
         ("(6)/(2)        idle p50 vs Celery round trip", idle, celery_p50, "<= 1"),
         (
             "(7)            web's max wait vs the FIFO wait",
