@@ -76,6 +76,11 @@ class JobError(BaseModel):
     message: str
 
 
+class JobProgress(BaseModel):
+    samples: int
+    samples_done: int
+
+
 class JobOut(BaseModel):
     """A job as the API shows it."""
 
@@ -91,6 +96,10 @@ class JobOut(BaseModel):
     error: JobError | None
     outputs: dict[str, Tensor] | None
     worker: str | None = Field(default=None, description="The worker child that ran it last.")
+    progress: JobProgress | None = Field(
+        default=None,
+        description="A job larger than a batch, split across children: samples done so far.",
+    )
 
 
 class ErrorDetail(BaseModel):
@@ -220,7 +229,15 @@ def job_out(
         ),
         "outputs": outputs,
         "worker": job.worker,
+        "progress": _progress(job),
     }
+
+
+def _progress(job: Job | Row[Any] | EndedJob) -> dict[str, int] | None:
+    """How far a job split into parts has come (db/parts.py); None for any other job."""
+    if getattr(job, "parts", None) is None:
+        return None
+    return {"samples": job.samples, "samples_done": job.samples_done or 0}  # type: ignore[union-attr]
 
 
 def json_response(content: Any, status_code: int = 200) -> Response:

@@ -646,6 +646,9 @@ def cancel(*, session: Session, job_id: str, tenant: str | None = None) -> Job:
             lease_expires_at=None,
         )
     )
+    if result.rowcount:  # type: ignore[attr-defined]
+        # A split job's parts go with it (db/parts.py); a late result of one finds no row.
+        session.execute(delete(_jobs).where(_jobs.c.parent_id == job_id))
     session.refresh(job)
     # Canceling twice is not an error; canceling a job that ran to its end is.
     if result.rowcount == 0 and job.status in _ENDED_ON_ITS_OWN:  # type: ignore[attr-defined]
@@ -864,10 +867,13 @@ def purge_finished(
 
 
 def count_queued(*, session: Session, tenant: str | None = None) -> int:
-    """How many jobs (of `tenant`, unless None) wait for a worker: a count over an index."""
+    """How many jobs (of `tenant`, unless None) wait for a worker: a count over an index.
+
+    A tenant's count leaves out the parts of its split jobs (db/parts.py): it asked for the job,
+    which counts once, as running. The fleet's count includes them: they are queued work."""
     query = select(func.count()).select_from(_jobs).where(_QUEUED)
     if tenant is not None:
-        query = query.where(_jobs.c.tenant == tenant)
+        query = query.where(_jobs.c.tenant == tenant, _jobs.c.parent_id.is_(None))
     return int(session.scalar(query) or 0)
 
 
@@ -959,7 +965,8 @@ def list_jobs(
     previous page (the last id it held)."""
     if limit < 1:
         raise InvalidRequest(f"limit: must be at least 1, got {limit}")
-    query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    # The parts of split jobs are the fleet's, not the client's (db/parts.py).
+    query = select(Job).where(Job.parent_id.is_(None)).order_by(Job.id.desc()).limit(limit + 1)
     if tenant is not None:
         query = query.where(Job.tenant == tenant)
     if status is not None:

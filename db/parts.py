@@ -37,12 +37,17 @@ _jobs: Table = Job.__table__  # type: ignore[assignment]
 _inputs: Table = JobInput.__table__  # type: ignore[assignment]
 
 
-def part_id(parent_id: str) -> str:
-    """A UUIDv7 of the parent's millisecond: parts queue where their job did (ids order age)."""
+def part_ids(parent_id: str, count: int) -> list[str]:
+    """UUIDv7s of the parent's millisecond, growing in part order: the parts queue where their
+    job did (ids order age), and run first to last."""
     ms = uuid.UUID(parent_id).int >> 80
-    tail = int.from_bytes(os.urandom(10), "big") >> 6  # 74 random bits
-    value = ms << 80 | 0x7 << 76 | (tail >> 62) << 64 | 0x2 << 62 | tail & ((1 << 62) - 1)
-    return str(uuid.UUID(int=value))
+    start = int.from_bytes(os.urandom(10), "big") >> 7  # 73 bits: room to count up
+    ids = []
+    for index in range(count):
+        tail = start + index
+        value = ms << 80 | 0x7 << 76 | (tail >> 62) << 64 | 0x2 << 62 | tail & ((1 << 62) - 1)
+        ids.append(str(uuid.UUID(int=value)))
+    return ids
 
 
 def split(
@@ -66,7 +71,7 @@ def split(
     ).one_or_none()
     if held is None:
         return []
-    ids = [part_id(lease.job_id) for _ in starts]
+    ids = part_ids(lease.job_id, len(starts))
     rows = []
     for part, start in zip(ids, starts, strict=True):
         rows.append(

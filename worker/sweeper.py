@@ -34,7 +34,7 @@ from redis.exceptions import LockNotOwnedError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import clock as db_clock
-from db import jobs, presence
+from db import jobs, parts, presence
 from db.models import JobErrorCode
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
@@ -199,6 +199,7 @@ class Sweeper:
         """One sweep. It does not check the lock: `run` calls it only while this sweeper leads."""
         report = SweepReport()
         self._expire_leases(report)
+        self._settle_split_jobs()
         if not report.publish_failures:  # the broker is away: leave the rest for the next sweep
             self._republish_stale(report)
         self._purge(report)
@@ -228,6 +229,15 @@ class Sweeper:
             self._publish(expired.requeued, report, retry=True)
             if expired.count < CHUNK_JOBS:
                 return
+
+    def _settle_split_jobs(self) -> None:
+        """End split jobs whose part failed where no part's transaction settled them (the
+        `worker_lost` just above, a time-out), and drop the parts of split jobs canceled."""
+        with self._sessions.begin() as session:
+            ended = parts.settle(session=session, parent_ids=parts.stranded(session=session))
+        if ended:
+            log.warning("%d split jobs ended with a failed part: %s", len(ended), ended)
+            self._notify_done(ended)
 
     def _republish_stale(self, report: SweepReport) -> None:
         for _ in range(MAX_CHUNKS):

@@ -145,13 +145,37 @@ def test_a_split_job_canceled_while_its_parts_wait_leaves_no_part_behind(
     job_id = submit(sessions, samples(12, seed=1))
     child = Child(sessions, "c1")
     child.run([job_id], max_batch_size=4)
+    assert rows(sessions) == 4
+
     with sessions.begin() as session:
         jobs.cancel(session=session, job_id=job_id)
-    with sessions.begin() as session:
-        assert parts.stranded(session=session) == [job_id]
-        assert parts.settle(session=session, parent_ids=[job_id]) == []
 
     assert read(sessions, job_id).status == JobStatus.CANCELED
+    assert rows(sessions) == 1
+    with sessions.begin() as session:
+        assert parts.stranded(session=session) == []
+
+
+def test_a_split_job_whose_part_was_lost_too_often_fails_at_the_next_sweep(
+    sessions: Sessions,
+) -> None:
+    job_id = submit(sessions, samples(8, seed=1))
+    child = Child(sessions, "c1")
+    child.run([job_id])
+    (named,) = child.woken
+    for _ in range(3):  # a part that kills its child every time
+        with sessions.begin() as session:
+            jobs.claim(session=session, job_ids=named, owner="dead/1/", lease_s=30)
+        with sessions.begin() as session:
+            jobs.take_back_from(session=session, owner_prefix="dead/1/", max_attempts=3)
+
+    with sessions.begin() as session:
+        assert parts.stranded(session=session) == [job_id]
+        assert parts.settle(session=session, parent_ids=[job_id]) == [job_id]
+
+    job = read(sessions, job_id)
+    assert (job.status, job.error_code) == (JobStatus.FAILED, "worker_lost")
+    assert job.error_message is not None and job.error_message.startswith("samples 4 to 7: ")
     assert rows(sessions) == 1
 
 
