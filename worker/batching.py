@@ -229,7 +229,8 @@ class Batcher:
         so a tenant's one job, or a priority-10 job, never waits behind thousands of jobs that
         other messages named.
 
-        A message runs at most `MAX_EXTRA_BATCHES` batches more than its named jobs fill, and
+        While the queue is busy, a task goes on beyond its named jobs with whatever waits. A
+        message runs at most `MAX_EXTRA_BATCHES` batches more than its named jobs fill, and
         starts none after `TASK_BUDGET_S`; named jobs still queued then are published again
         (`_pass_on`: split in two while they fill more than a batch, so one bulk request spreads
         over every idle child within a few seconds), and the task ends. A task whose named jobs
@@ -297,17 +298,20 @@ class Batcher:
     def _next(
         self, task: _Task, named: Sequence[str], *, after: Sequence[str] | None, claim: bool
     ) -> _Next:
-        """The feeder's stage: claim and decode the task's next batch, unless the jobs the
-        message named have all left the queue (`after`: the ids of the batch on the device;
-        None before the first)."""
+        """The feeder's stage: claim and decode the task's next batch while the jobs the
+        message named wait, or while the queue is busy (`after`: the ids of the batch on the
+        device; None before the first). Under a steady stream of small jobs, whose messages
+        each name one, a task then runs batches back to back, the pipeline full, instead of one
+        batch and a Celery task's turnover per message."""
         fresh: list[str] = list(named)
         retried: list[str] = []
         if after is not None:
             if set(after) >= set(named):
-                return _Next(batch=None, fresh=[], retried=[], stopped=True)
-            with self.sessions() as session:
-                fresh, retried = jobs.still_queued(session=session, job_ids=named)
-            if not fresh or not claim:
+                fresh = []
+            else:
+                with self.sessions() as session:
+                    fresh, retried = jobs.still_queued(session=session, job_ids=named)
+            if not claim or not (fresh or self._queue_busy):
                 return _Next(batch=None, fresh=fresh, retried=retried, stopped=True)
         if self.draining():
             return _Next(batch=None, fresh=fresh, retried=retried, draining=True)
