@@ -128,6 +128,7 @@ class Lease:
     inputs: bytes
     created_at: datetime | None = None  # for the queue-wait metric
     started_at: datetime | None = None  # as stored by the claim
+    parent_id: str | None = None  # the split job this is a part of (db/parts.py)
 
 
 _QUEUED = _jobs.c.status == JobStatus.QUEUED.value
@@ -307,7 +308,12 @@ def _claim_statement(*, fresh_only: bool) -> Update:
             started_at=bindparam("c_now"),
         )
         .returning(
-            _jobs.c.id, _jobs.c.attempts, _jobs.c.samples, _jobs.c.priority, _jobs.c.created_at
+            _jobs.c.id,
+            _jobs.c.attempts,
+            _jobs.c.samples,
+            _jobs.c.priority,
+            _jobs.c.created_at,
+            _jobs.c.parent_id,
         )
     )
 
@@ -354,6 +360,7 @@ def _claim_ids(
             inputs=inputs.get(row.id, b""),
             created_at=row.created_at,
             started_at=now,
+            parent_id=row.parent_id,
         )
         for row in rows
     ]

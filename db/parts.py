@@ -105,19 +105,6 @@ def split(
     return ids
 
 
-def parents_of(*, session: Session, job_ids: Sequence[str]) -> set[str]:
-    """The split jobs that these jobs are parts of."""
-    if not job_ids:
-        return set()
-    return set(
-        session.scalars(
-            select(_jobs.c.parent_id).where(
-                _jobs.c.id.in_(list(job_ids)), _jobs.c.parent_id.is_not(None)
-            )
-        )
-    )
-
-
 def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:
     """After parts ended: record each job's progress, and end a job whose parts all succeeded
     (its outputs joined in part order) or one of whose parts failed. Returns the jobs that ended.

@@ -403,12 +403,7 @@ class Batcher:
                         message=message,
                     )
                 # Split jobs whose last part this was end now, in the same transaction.
-                joined = parts.settle(
-                    session=session,
-                    parent_ids=parts.parents_of(
-                        session=session, job_ids=[lease.job_id for lease in leases]
-                    ),
-                )
+                joined = parts.settle(session=session, parent_ids=_parents(leases))
         except INFRA_ERRORS:
             self._hand_back(model, version, leases)
             raise
@@ -610,9 +605,7 @@ class Batcher:
                         message=f"the forward pass ran past the time limit of "
                         f"{batch.timeout_s:g}s (the model's timeout_s, or TFFLEET_JOB_TIMEOUT_S)",
                     )
-                    ids += parts.settle(
-                        session=session, parent_ids=parts.parents_of(session=session, job_ids=ids)
-                    )
+                    ids += parts.settle(session=session, parent_ids=_parents(batch.leases))
                 else:
                     jobs.release(session=session, leases=batch.leases)
         except Exception:
@@ -627,6 +620,11 @@ class Batcher:
             else:
                 self.wake(batch.model, batch.version, ids)
         self.on_timeout()
+
+
+def _parents(leases: Sequence[Lease]) -> set[str]:
+    """The split jobs these leases hold parts of."""
+    return {lease.parent_id for lease in leases if lease.parent_id is not None}
 
 
 def _observe_claim(model: str, leases: Sequence[Lease]) -> None:
