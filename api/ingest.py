@@ -15,16 +15,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.coalesce import Coalescer
 from api.metrics import JOBS_SUBMITTED, PUBLISH_FAILURES
 from api.schemas import job_out
 from db import jobs
+from db.models import Job, JobStatus
+from tffleet.announcements import EndedJob
 from tffleet.broker import Publisher
 from tffleet.errors import JobNotFound
 
 JobDict = dict[str, Any]
+
+# An encoding of outputs for reads only: their stored blob (`tffleet.tensors.pack`) as it is, for
+# an answer in .npz (api/routes/jobs.py), instead of JSON tensors.
+BLOB = "blob"
+
+
+def job_view(job: Job | Row[Any] | EndedJob, encoding: str) -> JobDict:
+    """`job_out` of a job, or for `BLOB` the job with `outputs` as their blob (bytes) if it
+    succeeded."""
+    if encoding != BLOB:
+        return job_out(job, encoding=encoding)
+    out = job_out(job, with_outputs=False)
+    if job.status == JobStatus.SUCCEEDED.value and job.outputs is not None:
+        out["outputs"] = bytes(job.outputs)
+    return out
 
 
 @dataclass(frozen=True)
@@ -121,7 +139,7 @@ class JobReader(Coalescer[Read, list[JobDict]]):
             if missing:
                 result.append(_not_found(missing))
             else:
-                result.append([job_out(rows[job_id], encoding=encoding) for job_id in ids])
+                result.append([job_view(rows[job_id], encoding) for job_id in ids])
         return result
 
 

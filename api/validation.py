@@ -7,17 +7,21 @@ from typing import Any
 import numpy as np
 
 from tffleet import tensors
-from tffleet.errors import InvalidInput
+from tffleet.errors import InvalidInput, InvalidRequest
 
 _ENVELOPE_KEYS = {"b64", "dtype", "shape"}
 
 
 def validate_inputs(
-    raw: dict[str, Any] | list[Any], *, signature: dict[str, Any], model: str
+    raw: dict[str, Any] | list[Any] | np.ndarray, *, signature: dict[str, Any], model: str
 ) -> tuple[dict[str, np.ndarray], int]:
-    """Decode and check every input; returns the arrays and the batch size they share."""
+    """Decode and check every input; returns the arrays and the batch size they share.
+
+    `raw` is what a JSON body gave (wire tensors by name, or one bare tensor), or what a binary
+    body gave (`read_binary`): arrays by name, or one bare array.
+    """
     names = sorted(signature)
-    if isinstance(raw, list) or (
+    if isinstance(raw, list | np.ndarray) or (
         isinstance(raw, dict) and set(raw) == _ENVELOPE_KEYS and not _ENVELOPE_KEYS & set(names)
     ):
         if len(names) != 1:
@@ -38,8 +42,12 @@ def validate_inputs(
     for name in names:
         spec = signature[name]
         where = f"inputs.{name}"
+        value = raw[name]
         try:
-            array = tensors.decode(raw[name], dtype=spec["dtype"])
+            if isinstance(value, np.ndarray):
+                array = tensors.from_array(value, dtype=spec["dtype"])
+            else:
+                array = tensors.decode(value, dtype=spec["dtype"])
         except tensors.TensorError as exc:
             raise InvalidInput(f"{where}: {exc}") from None
         # Before the shape: `[]` is an empty batch, not a tensor of the wrong rank.
@@ -70,6 +78,23 @@ def validate_inputs(
         arrays[name] = array
     assert batch is not None
     return arrays, batch
+
+
+def read_binary(body: bytes, media_type: str) -> dict[str, np.ndarray] | np.ndarray:
+    """The inputs of an `application/x-npz` body (arrays by name) or an `application/x-npy`
+    one (one bare array): read-only views of `body`, nothing copied. 400 naming the member at
+    fault if the body is not one."""
+    if not body:
+        raise InvalidRequest(f"body: empty; expected an {_SUFFIX[media_type]} file")
+    try:
+        if media_type == tensors.NPY:
+            return tensors.read_npy(body)
+        return tensors.read_npz(body)
+    except tensors.TensorError as exc:
+        raise InvalidRequest(f"body: {exc}") from None
+
+
+_SUFFIX = {tensors.NPY: ".npy", tensors.NPZ: ".npz"}
 
 
 def _shape(shape: list[int]) -> str:

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
+import random
+import re
+import struct
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -392,3 +398,221 @@ def test_unpack_reads_a_blob_packed_before_strings_existed() -> None:
     blob = b"TFT1" + len(head).to_bytes(4, "little") + head + np.float32([1, 2]).tobytes()
     np.testing.assert_array_equal(unpack(blob)["x"], [1, 2])
     assert pack({"x": np.float32([1, 2])}) == blob
+
+
+# Binary bodies: .npy and .npz
+
+
+def npz_by_numpy(**arrays: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+SAMPLE_ARRAY = np.arange(6, dtype=np.float64).reshape(2, 3)
+BODY_ARRAYS: dict[str, np.ndarray] = {
+    "image": np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+    "ids": np.array([[1, -(2**40)]], dtype=np.int64),
+    "mask": np.array([True, False]),
+    "half": np.array([0.5, 1.5], dtype=np.float16),
+    "empty": np.zeros((0, 5), dtype=np.uint8),
+    "scalar": np.array(7, dtype=np.int32),
+    "é": np.ones(2, dtype=np.float64),
+}
+
+
+def test_write_npz_is_what_np_load_reads_with_every_array_aligned() -> None:
+    body = tensors.write_npz(BODY_ARRAYS)
+    assert zipfile.ZipFile(io.BytesIO(body)).testzip() is None  # every CRC-32 right
+    with np.load(io.BytesIO(body)) as archive:
+        assert archive.files == list(BODY_ARRAYS)
+        for name, array in BODY_ARRAYS.items():
+            assert archive[name].dtype == array.dtype and archive[name].shape == array.shape
+            np.testing.assert_array_equal(archive[name], array)
+    read = tensors.read_npz(body)
+    for name, array in read.items():
+        offset = array.ctypes.data - np.frombuffer(body, np.uint8).ctypes.data
+        assert offset % 64 == 0, name
+    assert tensors.read_npz(tensors.write_npz({})) == {}
+
+
+def test_read_npz_gives_read_only_views_of_the_body_without_a_copy() -> None:
+    body = npz_by_numpy(**BODY_ARRAYS)
+    read = tensors.read_npz(body)
+    assert list(read) == list(BODY_ARRAYS)
+    view = np.frombuffer(body, np.uint8)
+    for name, array in BODY_ARRAYS.items():
+        assert read[name].dtype == array.dtype
+        np.testing.assert_array_equal(read[name], array)
+        assert not read[name].flags.writeable
+        if array.size:
+            assert np.shares_memory(read[name], view), name
+
+
+def test_read_npz_reads_zip64_entries_and_fortran_order_big_endian_arrays() -> None:
+    fortran = np.asfortranarray(np.arange(6, dtype=">f8").reshape(2, 3))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, array in {"f": fortran, "x": BODY_ARRAYS["image"]}.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, array)
+    read = tensors.read_npz(buffer.getvalue())
+    np.testing.assert_array_equal(read["f"], fortran)
+    np.testing.assert_array_equal(read["x"], BODY_ARRAYS["image"])
+    assert read["f"].dtype == np.dtype(">f8")
+
+
+def test_read_npz_reads_zip64_sizes_offsets_and_end_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What a writer does past 4 GiB (sizes and offsets in zip64 extra fields, a zip64 end
+    # record), here for small members: zipfile's limit lowered.
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 16)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name in ("a", "b"):
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, SAMPLE_ARRAY + len(name))
+    body = buffer.getvalue()
+    assert b"PK\x06\x06" in body  # the zip64 end record
+
+    read = tensors.read_npz(body)
+    assert sorted(read) == ["a", "b"]
+    np.testing.assert_array_equal(read["b"], SAMPLE_ARRAY + 1)
+
+
+def test_write_npy_and_read_npy_are_np_save_and_np_load() -> None:
+    for array in BODY_ARRAYS.values():
+        body = tensors.write_npy(array)
+        np.testing.assert_array_equal(np.load(io.BytesIO(body)), array)
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        read = tensors.read_npy(buffer.getvalue())
+        assert read.dtype == array.dtype and read.shape == array.shape
+        np.testing.assert_array_equal(read, array)
+
+
+def test_pack_copies_a_view_of_a_body_once_into_the_blob() -> None:
+    body = tensors.write_npz({"x": BODY_ARRAYS["image"]})
+    blob = pack(tensors.read_npz(body))
+    assert blob == pack({"x": BODY_ARRAYS["image"]})
+    np.testing.assert_array_equal(unpack(blob)["x"], BODY_ARRAYS["image"])
+
+
+def test_npz_of_blob_holds_the_packed_arrays_and_refuses_strings() -> None:
+    with np.load(io.BytesIO(tensors.npz_of_blob(pack(BODY_ARRAYS)))) as archive:
+        for name, array in BODY_ARRAYS.items():
+            np.testing.assert_array_equal(archive[name], array)
+    with pytest.raises(TensorError, match=re.escape("cannot write 's' as .npy: dtype object")):
+        tensors.npz_of_blob(pack({"s": strings(b"a")}))
+
+
+def npy_with_header(header: str, data: bytes = b"") -> bytes:
+    text = header.encode("latin-1")
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + data
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "not an .npy array"),
+        (b"\x93NUMPY\x04\x00\x00\x00", ".npy format 4.0 is not read"),
+        (npy_with_header("{'descr': '<f4'"), "not a Python dict literal"),
+        (npy_with_header("[1, 2]"), "needs exactly the keys"),
+        (npy_with_header("{'descr': '<f4', 'fortran_order': 0, 'shape': (1,)}"), "fortran_order"),
+        (npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}"), "shape"),
+        (npy_with_header("{'descr': '|O', 'fortran_order': False, 'shape': (1,)}", b"\0" * 8),
+         "would need pickle"),
+        (npy_with_header("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,)}"),
+         "structured"),
+        (npy_with_header("{'descr': 'f4,(2 3)', 'fortran_order': False, 'shape': (1,)}"),
+         "not one NumPy knows"),
+        (npy_with_header(f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({2**70},)}}"),
+         f"need {4 * 2**70}"),
+        (npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", b"\0" * 9),
+         "holds 9 bytes of data but dtype float32 and shape [2] need 8"),
+    ],
+)  # fmt: skip
+def test_read_npy_refuses_what_is_not_a_tensor(body: bytes, message: str) -> None:
+    with pytest.raises(TensorError, match=re.escape(message)):
+        tensors.read_npy(body)
+
+
+def zip_with(name: str, data: bytes, *, compress: int = zipfile.ZIP_STORED) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=compress) as archive:
+        archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "no zip end of central directory record"),
+        (b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, 1, 1, 46, 0, 0), "directory lies past"),
+        (zip_with("x.txt", b"hello"), "member 'x.txt' is not an .npy array"),
+        (zip_with("x.npy", tensors.write_npy(np.ones(3)), compress=zipfile.ZIP_DEFLATED),
+         "member 'x.npy' is compressed"),
+        (zip_with("x.npy", b"junk"), "member 'x.npy': not an .npy array"),
+        (tensors.write_npz({"x": np.ones(3)})[:-30], "no zip end"),
+    ],
+)  # fmt: skip
+def test_read_npz_refuses_what_is_not_an_npz(body: bytes, message: str) -> None:
+    with pytest.raises(TensorError, match=re.escape(message)):
+        tensors.read_npz(body)
+
+
+def test_read_npz_refuses_a_member_twice_and_too_many_members() -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive, pytest.warns(UserWarning, match="Duplicate"):
+        archive.writestr("x.npy", tensors.write_npy(np.ones(1)))
+        archive.writestr("x.npy", tensors.write_npy(np.ones(1)))
+    with pytest.raises(TensorError, match=re.escape("member 'x.npy' appears twice")):
+        tensors.read_npz(buffer.getvalue())
+    many = {f"a{i}": np.ones(1) for i in range(tensors.MAX_NPZ_MEMBERS + 1)}
+    with pytest.raises(TensorError, match=f"{tensors.MAX_NPZ_MEMBERS + 1} members"):
+        tensors.read_npz(tensors.write_npz(many))
+
+
+def test_read_npz_and_read_npy_raise_only_tensor_error_on_mangled_bodies() -> None:
+    rng = random.Random(7)
+    sources = [
+        tensors.write_npz(BODY_ARRAYS),
+        npz_by_numpy(x=np.ones(3)),
+        tensors.write_npy(SAMPLE_ARRAY),
+    ]
+    for _ in range(3000):
+        source = rng.choice(sources)
+        body = bytearray(source)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(body))
+            if rng.random() < 0.7:
+                body[at] = rng.randrange(256)
+            else:
+                del body[at : at + rng.randint(1, 40)]
+        read = tensors.read_npy if source is sources[2] else tensors.read_npz
+        with contextlib.suppress(TensorError):  # anything else fails the test
+            read(bytes(body))
+
+
+@pytest.mark.parametrize(
+    ("array", "dtype", "message"),
+    [
+        (np.ones(2, np.float64), "float32", "expected dtype float32, got float64"),
+        (np.ones(2, ">f4").astype("V4"), "float32", "expected dtype float32, got void32"),
+        (np.frombuffer(b"\x00\x02", np.bool_), "bool", "bytes must each be 0 or 1"),
+        (np.ones(2, np.float32), "string", "expected strings (NumPy dtype S or U)"),
+    ],
+)
+def test_from_array_checks_the_dtype_as_decode_does(
+    array: np.ndarray, dtype: str, message: str
+) -> None:
+    with pytest.raises(TensorError, match=re.escape(message)):
+        tensors.from_array(array, dtype=dtype)
+
+
+def test_from_array_keeps_the_array_and_reads_strings_as_bytes() -> None:
+    array = np.ones(3, dtype=">f4")
+    assert tensors.from_array(array, dtype="float32") is array
+    assert tensors.from_array(np.array(["é", "b"]), dtype="string").tolist() == ["é".encode(), b"b"]
+    assert tensors.from_array(np.array([b"x"]), dtype="string").tolist() == [b"x"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
+import json
 import logging
 import re
 import time
@@ -19,6 +21,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from api.body import read_json
+from api.ingest import BLOB, job_view
 from api.metrics import SUBMIT_SECONDS
 from api.schemas import (
     JOB_ID_MAX_LENGTH,
@@ -33,12 +36,19 @@ from api.schemas import (
     json_response,
 )
 from api.state import AppState, StateDep, get_state
-from api.validation import validate_inputs
+from api.validation import read_binary, validate_inputs
 from db import jobs
 from db.models import FINISHED, JobStatus
 from db.tenants import Caller, Limits
 from tffleet import tensors
-from tffleet.errors import InvalidInput, InvalidRequest, JobNotFound, TffleetError
+from tffleet.errors import (
+    InvalidInput,
+    InvalidRequest,
+    JobNotFound,
+    PayloadTooLarge,
+    TffleetError,
+    UnsupportedMediaType,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +80,33 @@ def _parse(model: type[JobCreate] | type[JobBatchCreate], body: Any) -> Any:
 # Bodies up to this size are validated on the event loop: a thread hop would cost more.
 _INLINE_BODY_BYTES = 64 * 1024
 
+# OpenAPI: a binary body or answer (.npz, .npy), and the query parameters a binary body comes with.
+_BINARY_SCHEMA = {"schema": {"type": "string", "format": "binary"}}
+_BINARY_PARAMETERS = [
+    {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": schema,
+        "description": f"With a binary body only (a JSON body gives it in the body): {text}",
+    }
+    for name, schema, text in (
+        ("model", {"type": "string", "maxLength": 200}, "the model; required."),
+        ("version", {"type": "integer", "minimum": 1}, "the model's version."),
+        ("priority", {"type": "integer", "minimum": -1000, "maximum": 1000}, "the priority."),
+        ("ttl_s", {"type": "integer", "minimum": 1}, "keep the job this long after it ends."),
+    )
+]
+
 
 @router.post(
     "",
     status_code=202,
     response_model=JobOut | JobBatchOut,
-    responses=error_responses(400, 404, 409, 413, 415, 422, 429, 503),
+    responses={
+        **error_responses(400, 404, 409, 413, 415, 422, 429, 503),
+        202: {"content": {tensors.NPZ: _BINARY_SCHEMA}},
+    },
     openapi_extra={
         "parameters": [
             {
@@ -84,7 +115,8 @@ _INLINE_BODY_BYTES = 64 * 1024
                 "required": False,
                 "schema": {"type": "string", "maxLength": 128},
                 "description": "The same key and body again: the same job, nothing new stored.",
-            }
+            },
+            *_BINARY_PARAMETERS,
         ],
         "requestBody": {
             "required": True,
@@ -96,7 +128,9 @@ _INLINE_BODY_BYTES = 64 * 1024
                             {"$ref": "#/components/schemas/JobBatchCreate"},
                         ]
                     }
-                }
+                },
+                tensors.NPZ: _BINARY_SCHEMA,
+                tensors.NPY: _BINARY_SCHEMA,
             },
         },
     },
@@ -117,46 +151,151 @@ async def submit(
     With `wait`, the answer is held until every job of the request has ended (outputs
     included) or `wait` seconds pass: submit and long-poll in one round trip. It is 202 either
     way; the jobs' `status` says whether they ended.
+
+    Large tensors travel cheaper as a binary body, for one job: `Content-Type:
+    application/x-npz` (what `np.savez` writes: one member per input, by name) or
+    `application/x-npy` (what `np.save` writes: the one input of a single-input model), with
+    `model`, `version`, `priority` and `ttl_s` as query parameters. With `Accept:
+    application/x-npz`, a single job that has succeeded by the answer (with `wait`) is answered
+    as an .npz of its outputs, the job itself in the `Tffleet-Job` header, as `GET` does.
     """
     started = time.perf_counter()
     state = get_state(request)  # not a dependency: solving one costs more than the call
     caller = await state.auth(request)  # before the body: a stranger costs no parsing
     key = _idempotency_key(request.headers.get("idempotency-key"))
-    body = await read_json(
-        request,
-        max_bytes=state.settings.max_body_bytes,
-        max_items=state.settings.max_json_items,
-    )
-    many = isinstance(body, dict) and "jobs" in body
-    specs = _parse(JobBatchCreate, body).jobs if many else [_parse(JobCreate, body)]
+    media = _media_type(request.headers.get("content-type", ""))
+    prepare: functools.partial[list[jobs.NewJob]]
+    if media in _BINARY:
+        body = await _read_body(request, max_bytes=state.settings.max_body_bytes)
+        specs, many = [_binary_spec(request)], False
+        prepare = functools.partial(_prepare_binary, state, specs[0], body, media)
+    elif _is_json(media):
+        _no_binary_parameters(request)
+        body = await read_json(
+            request,
+            max_bytes=state.settings.max_body_bytes,
+            max_items=state.settings.max_json_items,
+        )
+        many = isinstance(body, dict) and "jobs" in body
+        specs = _parse(JobBatchCreate, body).jobs if many else [_parse(JobCreate, body)]
+        prepare = functools.partial(_prepare, state, specs, many)
+    else:
+        raise UnsupportedMediaType(f"Content-Type must be one of {', '.join(_ACCEPTED)}")
     declared = request.headers.get("content-length", "")
     small = declared.isdigit() and int(declared) < _INLINE_BODY_BYTES
     limits = await state.admission.limits(caller.tenant)
     if small and all(state.signatures.cached(s.model, s.version) for s in specs):
-        new = _prepare(state, specs, many, caller, limits, key)
+        new = prepare(caller, limits, key)
     else:
-        new = await run_in_threadpool(_prepare, state, specs, many, caller, limits, key)
+        new = await run_in_threadpool(prepare, caller, limits, key)
     await state.admission.admit(len(new), tenant=caller.tenant, limits=limits)
     ingested = await state.ingestor(new)
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
     outs = ingested.jobs
+    npz = not many and _accepts_npz(request)
     if wait > 0:
         # The jobs as just stored: a first read would only say what `outs` says. An ending
         # announced before the watch starts is remembered by the waiter.
         try:
             outs = await _wait_for(
-                state, caller, [out["id"] for out in outs], wait_s=wait, encoding=encoding,
-                until="all", known=outs,
+                state, caller, [out["id"] for out in outs], wait_s=wait,
+                encoding=BLOB if npz else encoding, until="all", known=outs,
             )  # fmt: skip
         except SQLAlchemyError as exc:
             # The jobs are stored: an error now would make a client that retries without a
             # key store them twice. Answer with them as stored; they are polled by id later.
             log.warning("database error while waiting on stored jobs (%s); answering 202", exc)
     outs = _shown(caller, outs)
-    response = json_response({"jobs": outs} if many else outs[0], 202)
+    if many:
+        response = json_response({"jobs": outs}, 202)
+    else:
+        response = await _answer(outs[0], encoding=encoding, status_code=202)
     if key is not None:
         response.headers["Idempotent-Replayed"] = "true" if ingested.replayed else "false"
     return response
+
+
+# Binary bodies (one job): what each holds, and the query parameters that say the rest.
+_BINARY = (tensors.NPZ, tensors.NPY)
+_ACCEPTED = ("application/json", *_BINARY)
+_QUERY_FIELDS = ("model", "version", "priority", "ttl_s")
+
+
+def _media_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _is_json(media: str) -> bool:
+    # As api.body reads it: application/json, or any application/...+json.
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _accepts_npz(request: Request) -> bool:
+    """Whether the Accept header lists application/x-npz (and not with q=0)."""
+    accept = request.headers.get("accept", "").lower()
+    if tensors.NPZ not in accept:
+        return False
+    for item in accept.split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        if media == tensors.NPZ:
+            for param in params:
+                name, _, value = param.partition("=")
+                if name.strip() == "q":
+                    try:
+                        return float(value) > 0
+                    except ValueError:
+                        return False
+            return True
+    return False
+
+
+def _no_binary_parameters(request: Request) -> None:
+    given = [name for name in _QUERY_FIELDS if name in request.query_params]
+    if given:
+        raise InvalidInput(
+            f"{given[0]}: a query parameter only with a binary body ({', '.join(_BINARY)}); "
+            "a JSON body gives it in the body"
+        )
+
+
+async def _read_body(request: Request, *, max_bytes: int) -> bytes:
+    """The whole body, 413 past `max_bytes`: the chunks as they arrive, joined once."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {max_bytes} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"body is over the limit of {max_bytes} bytes")
+        if chunk:
+            chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _binary_spec(request: Request) -> JobCreate:
+    """The job a binary body comes with, from the query parameters, checked as a JSON body's
+    fields are (with the same messages); its inputs are read from the body later."""
+    query = request.query_params
+    fields = {name: query[name] for name in _QUERY_FIELDS if name in query}
+    return _parse(JobCreate, {**fields, "inputs": {}})
+
+
+def _prepare_binary(
+    state: AppState,
+    spec: JobCreate,
+    body: bytes,
+    media: str,
+    caller: Caller,
+    limits: Limits,
+    key: str | None = None,
+) -> list[jobs.NewJob]:
+    """`_prepare` for a binary body: its arrays (views of `body`) are checked as a JSON body's
+    tensors are, and copied once, into the stored blob."""
+    inputs = read_binary(body, media)
+    return _prepare(state, [spec.model_copy(update={"inputs": inputs})], False, caller, limits, key)
 
 
 # Printable ASCII without spaces: job i > 0 of a keyed bulk request is stored under "KEY i".
@@ -256,7 +395,7 @@ async def _wait_for(
     job_ids: Sequence[str],
     *,
     wait_s: float,
-    encoding: Encoding,
+    encoding: str,
     until: Literal["any", "all"] = "any",
     known: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
@@ -294,30 +433,71 @@ async def _wait_for(
 
 
 def _from_announcements(
-    state: AppState, outs: list[dict[str, Any]], pending: set[str], encoding: Encoding
+    state: AppState, outs: list[dict[str, Any]], pending: set[str], encoding: str
 ) -> list[dict[str, Any]] | None:
     """`outs` with the pending jobs as their workers announced them, or None unless all were."""
     announced = {job_id: state.waiter.ended(job_id) for job_id in pending}
     if any(job is None for job in announced.values()):
         return None
-    return [
-        job_out(job, encoding=encoding) if (job := announced.get(out["id"])) else out
-        for out in outs
-    ]
+    return [job_view(job, encoding) if (job := announced.get(out["id"])) else out for out in outs]
 
 
-@router.get("/{job_id}", response_model=JobOut, responses=error_responses(404, 422, 503))
+@router.get(
+    "/{job_id}",
+    response_model=JobOut,
+    responses={
+        **error_responses(404, 422, 503),
+        200: {"content": {tensors.NPZ: _BINARY_SCHEMA}},
+    },
+)
 async def get_job(
     job_id: Annotated[str, Path(max_length=JOB_ID_MAX_LENGTH)],
     request: Request,
     wait: Annotated[float, Query(ge=0, le=30, description="Hold until the job ends, seconds.")] = 0,
     encoding: Annotated[Encoding, Query(description="`b64`: binary outputs.")] = "json",
 ) -> Response:
-    """A job; with `wait`, held until it finishes or `wait` seconds pass."""
+    """A job; with `wait`, held until it finishes or `wait` seconds pass.
+
+    With `Accept: application/x-npz`, a job that has succeeded is answered as an .npz of its
+    outputs (read back by `np.load`), the job itself (outputs null) as JSON in the
+    `Tffleet-Job` header; any other job, or one with string outputs, as JSON as usual: the
+    answer's Content-Type says which.
+    """
     state = get_state(request)
     caller = await state.auth(request)
-    outs = await _wait_for(state, caller, [job_id], wait_s=wait, encoding=encoding)
-    return json_response(_shown(caller, outs)[0])
+    npz = _accepts_npz(request)
+    outs = await _wait_for(state, caller, [job_id], wait_s=wait, encoding=BLOB if npz else encoding)
+    response = await _answer(_shown(caller, outs)[0], encoding=encoding)
+    response.headers["Vary"] = "Accept"
+    return response
+
+
+# Outputs up to this size are written into an .npz on the event loop: a thread hop would cost
+# more.
+_INLINE_NPZ_BYTES = 64 * 1024
+
+
+async def _answer(out: dict[str, Any], *, encoding: Encoding, status_code: int = 200) -> Response:
+    """A job as JSON, or, where it was read with its outputs as their stored blob (`BLOB`), as
+    an .npz of them with the job in the `Tffleet-Job` header (JSON, outputs null)."""
+    blob = out["outputs"]
+    if not isinstance(blob, bytes):
+        return json_response(out, status_code)
+    out["outputs"] = None
+    try:
+        if len(blob) <= _INLINE_NPZ_BYTES:
+            body = tensors.npz_of_blob(blob)
+        else:
+            body = await run_in_threadpool(tensors.npz_of_blob, blob)
+    except tensors.TensorError:  # string outputs: no .npy holds them without pickle
+        outputs = tensors.unpack(blob)
+        out["outputs"] = {name: tensors.encode(a, encoding=encoding) for name, a in outputs.items()}
+        return json_response(out, status_code)
+    headers = {
+        "Tffleet-Job": json.dumps(out, ensure_ascii=True, separators=(",", ":")),
+        "Content-Disposition": f'attachment; filename="{out["id"]}.npz"',
+    }
+    return Response(body, status_code=status_code, media_type=tensors.NPZ, headers=headers)
 
 
 @router.post(

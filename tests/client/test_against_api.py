@@ -16,6 +16,8 @@ import orjson
 import pytest
 
 from api.app import create_app
+from db import jobs
+from db.engine import make_engine, make_sessionmaker
 from tests.client.fleet import (
     NO_WAIT,
     SIGNATURES,
@@ -34,8 +36,10 @@ from tffleet import (
     JobFailed,
     NotFound,
     WaitTimeout,
+    tensors,
 )
 from tffleet.cli.process_group import free_port
+from tffleet.client.job import BINARY_BODY_MIN_BYTES
 from tffleet.settings import Settings
 
 # The async client against the app in-process
@@ -47,11 +51,13 @@ class Recording(httpx.AsyncBaseTransport):
     def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
         self.inner = inner
         self.requests: list[httpx.Request] = []
+        self.answered: list[str] = []  # each answer's Content-Type
         self.lose_answers = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         response = await self.inner.handle_async_request(request)
+        self.answered.append(response.headers.get("content-type", ""))
         if self.lose_answers:
             self.lose_answers -= 1
             await response.aclose()
@@ -270,6 +276,92 @@ async def test_models_lists_the_registered_signatures(api: InProcess) -> None:
     assert double.inputs["x"].shape == [-1, 4] and double.outputs["argmax"].dtype == "int64"
 
 
+# Large arrays: a binary body out, an .npz answer back
+
+
+def large(rows: int = BINARY_BODY_MIN_BYTES // 16) -> np.ndarray:
+    """Samples of the `double` model: BINARY_BODY_MIN_BYTES of them by default."""
+    return samples(rows)
+
+
+def stored(database_url: str, job_id: str) -> dict[str, np.ndarray]:
+    """A job's inputs as the API stored them."""
+    engine = make_engine(database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            return tensors.unpack(jobs.get(session=session, job_id=job_id).inputs)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.anyio
+async def test_large_arrays_go_in_binary_and_their_outputs_come_back_from_an_npz(
+    api: InProcess, sqlite_url: str
+) -> None:
+    x = large()
+    job = await api.client.submit("double", {"x": x}, priority=3)
+    bare = await api.client.submit("double", x + 1)
+    assert [r.headers["content-type"] for r in api.transport.requests] == [
+        tensors.NPZ,
+        tensors.NPY,
+    ]
+    assert job.priority == 3 and job.status == bare.status == "queued"
+    np.testing.assert_array_equal(stored(sqlite_url, job.id)["x"], x)  # bit for bit
+    np.testing.assert_array_equal(stored(sqlite_url, bare.id)["x"], x + 1)
+
+    api.worker.serve("double")
+    done = await api.client.wait(job.id, timeout=20)
+    assert api.transport.answered[-1] == tensors.NPZ
+    assert done.ok and done.outputs is not None and done.worker == "fake"
+    np.testing.assert_array_equal(done.outputs["y"], x * 2)
+    assert done.outputs["argmax"].dtype == np.int64 and done.outputs["y"].flags.writeable
+    again = await api.client.get(bare.id)
+    assert again.outputs is not None
+    np.testing.assert_array_equal(again.outputs["y"], (x + 1) * 2)
+
+
+@pytest.mark.anyio
+async def test_run_of_large_inputs_is_one_binary_round_trip(api: InProcess) -> None:
+    api.worker.serve("pair")
+    a = large()[:, :3]
+    b = np.ones((len(a), 2), np.int32)
+
+    outputs = await api.client.run("pair", {"a": a, "b": b}, timeout=20)
+
+    np.testing.assert_allclose(outputs["total"], a.sum(axis=1) + 2, rtol=1e-6)
+    assert [(r.method, r.url.path) for r in api.transport.requests] == [("POST", "/v1/jobs")]
+    assert api.transport.requests[0].headers["content-type"] == tensors.NPZ
+    assert api.transport.answered == [tensors.NPZ]
+
+
+@pytest.mark.anyio
+async def test_small_arrays_and_bulk_submits_stay_json(api: InProcess) -> None:
+    await api.client.submit("double", large(BINARY_BODY_MIN_BYTES // 16 - 1))
+    await api.client.submit_many("double", [large()] * 2)
+
+    assert {r.headers["content-type"] for r in api.transport.requests} == {"application/json"}
+
+
+@pytest.mark.anyio
+async def test_a_binary_submit_whose_answer_was_lost_is_stored_once(api: InProcess) -> None:
+    api.transport.lose_answers = 1
+    job = await api.client.submit("double", large())
+
+    assert api.submits() == 2 and api.worker.queued("double") == [job.id]
+
+
+@pytest.mark.anyio
+async def test_large_inputs_that_do_not_fit_raise_invalid_input_naming_the_field(
+    api: InProcess,
+) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        await api.client.submit("double", {"x": large().astype(np.float64)})
+    assert caught.value.message == "inputs.x: expected dtype float32, got float64"
+    with pytest.raises(InvalidInput, match=r"inputs.x: dimension 1 must be 4"):
+        await api.client.submit("double", large().reshape(-1, 8))
+    assert api.worker.queued("double") == []
+
+
 # The blocking client against `tffleet api` in a subprocess
 
 
@@ -290,6 +382,12 @@ def test_the_blocking_client_submits_waits_and_runs_against_a_served_api(
         finished = client.wait_all([j.id for j in many], timeout=20)
         assert [j.id for j in finished] == [j.id for j in many] and all(j.ok for j in finished)
         assert [j.status for j in client.get_many([many[1].id, job.id])] == ["succeeded"] * 2
+
+        big = large(50_000)  # 800 kB: an .npy body through a real socket, an .npz back
+        done = client.wait(client.submit("double", {"x": big}).id, timeout=20).raise_for_error()
+        assert done.outputs is not None
+        np.testing.assert_array_equal(done.outputs["y"], big * 2)
+        np.testing.assert_array_equal(client.run("double", big, timeout=20)["y"], big * 2)
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ is sent, how answers and errors are read, chunking, retries. No server runs; a s
 
 from __future__ import annotations
 
+import io
 import math
 import subprocess
 import sys
@@ -39,8 +40,10 @@ from tffleet import (
     tensors,
 )
 from tffleet.client import errors as client_errors
+from tffleet.client.job import BINARY_BODY_MIN_BYTES
 from tffleet.client.job import FINISHED as CLIENT_FINISHED
 from tffleet.client.job import Job as ClientJob
+from tffleet.client.protocol import ACCEPT_NPZ
 
 # Unit tests: a scripted server on httpx.MockTransport
 
@@ -457,3 +460,159 @@ def test_importing_tffleet_stays_cheap() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
     assert tffleet.ClientError is client_errors.ClientError
     assert set(tffleet.__all__) <= set(dir(tffleet))
+
+
+# Large arrays: a binary body out, an .npz answer back
+
+
+def accept_one(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(202, json=wire_job())
+
+
+def npz_answer(job: dict[str, Any], outputs: dict[str, np.ndarray]) -> httpx.Response:
+    return httpx.Response(
+        200,
+        content=tensors.write_npz(outputs),
+        headers={"Content-Type": tensors.NPZ, "Tffleet-Job": orjson.dumps(job).decode()},
+    )
+
+
+def rows_of(nbytes: int) -> np.ndarray:
+    """float32 samples of the `double` model holding `nbytes` (a multiple of 16)."""
+    return samples(nbytes // 16)
+
+
+def test_inputs_of_binary_body_min_bytes_or_more_go_as_an_npz_body() -> None:
+    server = Recorder(accept_one)
+    large, small = rows_of(BINARY_BODY_MIN_BYTES), rows_of(BINARY_BODY_MIN_BYTES - 16)
+    with server.client() as client:
+        client.submit("double", {"x": large}, version=3, priority=-2, idempotency_key="k-1")
+        client.submit("double", {"x": small})
+
+    binary, as_json = server.requests
+    assert binary.headers["content-type"] == tensors.NPZ
+    assert dict(binary.url.params) == {"model": "double", "version": "3", "priority": "-2"}
+    assert binary.headers["idempotency-key"] == "k-1"
+    with np.load(io.BytesIO(binary.content)) as archive:  # numpy's own reader
+        assert archive.files == ["x"]
+        np.testing.assert_array_equal(archive["x"], large)
+    assert as_json.headers["content-type"] == "application/json"
+    assert not as_json.url.params and orjson.loads(as_json.content)["model"] == "double"
+
+
+def test_a_large_bare_array_goes_as_an_npy_body_and_every_input_counts_toward_the_size() -> None:
+    server = Recorder(accept_one)
+    rows = rows_of(BINARY_BODY_MIN_BYTES)
+    pair = {"a": rows[:, :3], "b": rows[:, :2].astype(np.int32)}  # 3/4 and 1/2 of the threshold
+    with server.client() as client:
+        client.submit("double", rows_of(BINARY_BODY_MIN_BYTES))
+        client.submit("pair", pair)
+
+    bare, named = server.requests
+    assert bare.headers["content-type"] == tensors.NPY
+    np.testing.assert_array_equal(np.load(io.BytesIO(bare.content)), rows_of(BINARY_BODY_MIN_BYTES))
+    assert named.headers["content-type"] == tensors.NPZ
+    assert sorted(tensors.read_npz(named.content)) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        {"x": rows_of(BINARY_BODY_MIN_BYTES).tolist()},
+        {"x": rows_of(BINARY_BODY_MIN_BYTES), "y": [[1.0]]},
+        np.array([b"a" * BINARY_BODY_MIN_BYTES], dtype=object),
+        np.array(["a" * BINARY_BODY_MIN_BYTES]),
+        rows_of(BINARY_BODY_MIN_BYTES).astype(np.complex64),
+    ],
+    ids=["lists", "mixed", "bytes", "str", "complex"],
+)
+def test_lists_strings_and_other_dtypes_stay_json_however_large(inputs: Any) -> None:
+    server = Recorder(accept_one)
+    with server.client() as client:
+        client.submit("double", inputs)
+
+    assert server.requests[0].headers["content-type"] == "application/json"
+
+
+def test_a_binary_submit_is_sent_again_with_the_same_body_and_key() -> None:
+    server = flaky([httpx.ReadError("reset"), 503], httpx.Response(202, json=wire_job()))
+    with server.client(retries=Retries(attempts=3, backoff_s=0)) as client:
+        client.submit("double", rows_of(BINARY_BODY_MIN_BYTES))
+
+    assert len(server.requests) == 3
+    assert len({(r.headers["idempotency-key"], r.content) for r in server.requests}) == 1
+
+
+def test_an_api_that_refuses_binary_bodies_gets_the_job_again_as_json() -> None:
+    def older_api(request: httpx.Request) -> httpx.Response:
+        if request.headers["content-type"] != "application/json":
+            return error_response(415, "unsupported_media_type", "Content-Type must be JSON")
+        y = {"y": tensors.encode(np.ones((1, 4), np.float32), encoding="b64")}
+        return httpx.Response(202, json=wire_job(status="succeeded", outputs=y))
+
+    server = Recorder(older_api)
+    x = rows_of(BINARY_BODY_MIN_BYTES)
+    with server.client() as client:
+        client.submit("double", {"x": x}, priority=2, idempotency_key="k-9")
+        client.run("double", x)
+
+    types = [r.headers["content-type"] for r in server.requests]
+    assert types == [tensors.NPZ, "application/json", tensors.NPY, "application/json"]
+    binary, as_json = server.requests[:2]
+    assert binary.headers["idempotency-key"] == as_json.headers["idempotency-key"] == "k-9"
+    assert orjson.loads(as_json.content)["priority"] == 2 and not as_json.url.params
+    assert dict(server.requests[3].url.params) == {"wait": "30.000", "encoding": "b64"}
+
+
+def test_reads_of_one_job_ask_for_npz_and_read_either_answer() -> None:
+    y = samples(3) * 2
+    answers = iter(
+        [
+            httpx.Response(200, json=wire_job(status="running")),  # not succeeded: JSON
+            npz_answer(wire_job(status="succeeded"), {"y": y, "argmax": np.arange(3)}),
+            httpx.Response(200, json=wire_job(status="succeeded")),  # a server without .npz
+        ]
+    )
+    server = Recorder(lambda _: next(answers))
+    with server.client() as client:
+        done = client.wait("j1")
+        as_lists = client.get("j1", encoding="json")
+
+    assert done.ok and done.outputs is not None
+    np.testing.assert_array_equal(done.outputs["y"], y)
+    assert done.outputs["y"].flags.writeable and done.outputs["argmax"].dtype == np.int64
+    done.outputs["y"] += 1  # the caller's own arrays
+    assert as_lists.ok and as_lists.outputs is None
+    accepts = [r.headers.get("accept") for r in server.requests]
+    assert accepts == [ACCEPT_NPZ, ACCEPT_NPZ, "*/*"]  # httpx's default when none is asked
+
+
+def test_run_submits_large_inputs_in_binary_and_reads_the_outputs_from_npz() -> None:
+    x = rows_of(BINARY_BODY_MIN_BYTES)
+    server = Recorder(lambda _: npz_answer(wire_job(status="succeeded"), {"y": x * 2}))
+    with server.client() as client:
+        outputs = client.run("double", x)
+
+    np.testing.assert_array_equal(outputs["y"], x * 2)
+    [request] = server.requests
+    assert request.headers["content-type"] == tensors.NPY
+    assert request.headers["accept"] == ACCEPT_NPZ
+    assert dict(request.url.params) == {"model": "double", "wait": "30.000", "encoding": "b64"}
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        httpx.Response(200, content=b"not a zip", headers={"Content-Type": tensors.NPZ}),
+        httpx.Response(200, content=tensors.write_npz({}), headers={"Content-Type": tensors.NPZ}),
+        httpx.Response(
+            200,
+            content=tensors.write_npz({}),
+            headers={"Content-Type": tensors.NPZ, "Tffleet-Job": "[1, 2]"},
+        ),
+    ],
+    ids=["junk", "no-job-header", "not-a-job"],
+)
+def test_an_npz_answer_that_is_not_a_jobs_raises_protocol_error(response: httpx.Response) -> None:
+    with Recorder(lambda _: response).client() as client, pytest.raises(ProtocolError):
+        client.get("j1")

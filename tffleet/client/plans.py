@@ -11,16 +11,22 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 from tqdm import tqdm
 
-from tffleet.client.errors import ClientError, HTTPStatusError, ProtocolError, WaitTimeout
-from tffleet.client.job import Job, ModelInfo, encode_inputs
-from tffleet.client.protocol import Call, Plan, Retries, Sleep, send
+from tffleet.client.errors import (
+    ClientError,
+    HTTPStatusError,
+    ProtocolError,
+    UnsupportedMediaType,
+    WaitTimeout,
+)
+from tffleet.client.job import Job, ModelInfo, binary_inputs, encode_inputs
+from tffleet.client.protocol import ACCEPT_NPZ, Call, Plan, Retries, Sleep, send
 
 MAX_POLL_S = 30.0  # the longest `wait` the API holds a request for
 MAX_JOBS_PER_REQUEST = 10_000  # the API's limit on a bulk submit or a bulk status read
@@ -54,6 +60,37 @@ def _submit_call(body: bytes, idempotency_key: str) -> Call:
     return Call("POST", "/v1/jobs", content=body, headers={"Idempotency-Key": idempotency_key})
 
 
+def _submit_one(
+    model: str,
+    inputs: Any,
+    *,
+    version: int | None,
+    priority: int,
+    idempotency_key: str,
+    retries: Retries,
+    extend: Callable[[Call], Call] = lambda call: call,
+) -> Plan[Any]:
+    """Send one job's submit (`extend` adds to the request): large arrays as a binary body
+    (.npz or .npy, the job's other fields in the query), else JSON; JSON too where the API
+    refuses the binary body (415: an API from before binary bodies, which stored nothing)."""
+    binary = binary_inputs(inputs)
+    if binary is not None:
+        content, content_type = binary
+        params = {"model": model}
+        if version is not None:
+            params["version"] = str(version)
+        if priority:
+            params["priority"] = str(priority)
+        headers = {"Idempotency-Key": idempotency_key, "Content-Type": content_type}
+        call = Call("POST", "/v1/jobs", params=params, content=content, headers=headers)
+        try:
+            return (yield from send(extend(call), retries))
+        except UnsupportedMediaType:
+            pass
+    body = _dumps(job_body(model, inputs, version=version, priority=priority))
+    return (yield from send(extend(_submit_call(body, idempotency_key)), retries))
+
+
 def submit(
     model: str,
     inputs: Any,
@@ -63,9 +100,15 @@ def submit(
     idempotency_key: str | None,
     retries: Retries,
 ) -> Plan[Job]:
-    body = _dumps(job_body(model, inputs, version=version, priority=priority))
-    call = _submit_call(body, idempotency_key or new_idempotency_key())
-    return Job.from_wire((yield from send(call, retries)))
+    answer = yield from _submit_one(
+        model,
+        inputs,
+        version=version,
+        priority=priority,
+        idempotency_key=idempotency_key or new_idempotency_key(),
+        retries=retries,
+    )
+    return Job.from_wire(answer)
 
 
 def submit_many(
@@ -141,10 +184,14 @@ def _after(exc: ClientError, submitted: list[Job]) -> ClientError:
 
 
 def get(job_id: str, *, encoding: str, wait_s: float, retries: Retries) -> Plan[Job]:
+    """One job; with binary outputs asked for (`b64`), a job that has succeeded comes back as an
+    .npz of its outputs."""
     params = {"encoding": encoding}
     if wait_s > 0:
         params["wait"] = f"{wait_s:.3f}"
-    call = Call("GET", f"/v1/jobs/{quote(job_id, safe='')}", params=params, wait_s=wait_s)
+    headers = {"Accept": ACCEPT_NPZ} if encoding == "b64" else None
+    path = f"/v1/jobs/{quote(job_id, safe='')}"
+    call = Call("GET", path, params=params, headers=headers, wait_s=wait_s)
     return Job.from_wire((yield from send(call, retries)))
 
 
@@ -258,12 +305,25 @@ def run(
     # round ends is then waited for as usual.
     deadline = None if timeout is None else time.monotonic() + timeout
     wait_s = _round_s(deadline)
-    body = _dumps(job_body(model, inputs, version=version, priority=priority))
-    call = _submit_call(body, new_idempotency_key())
-    call = dataclasses.replace(
-        call, params={"wait": f"{wait_s:.3f}", "encoding": "b64"}, wait_s=wait_s
+
+    def waiting(call: Call) -> Call:
+        return dataclasses.replace(
+            call,
+            params={**(call.params or {}), "wait": f"{wait_s:.3f}", "encoding": "b64"},
+            headers={**(call.headers or {}), "Accept": ACCEPT_NPZ},
+            wait_s=wait_s,
+        )
+
+    answer = yield from _submit_one(
+        model,
+        inputs,
+        version=version,
+        priority=priority,
+        idempotency_key=new_idempotency_key(),
+        retries=retries,
+        extend=waiting,
     )
-    done = Job.from_wire((yield from send(call, retries)))
+    done = Job.from_wire(answer)
     if not done.finished:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         done = yield from wait(done.id, timeout=remaining, retries=retries)

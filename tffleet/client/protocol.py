@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
+import numpy as np
 import orjson
 
-from tffleet import __version__
+from tffleet import __version__, tensors
 from tffleet.client.errors import (
     BY_STATUS,
     ConnectError,
@@ -107,13 +108,35 @@ def send(call: Call, retries: Retries) -> Plan[Any]:
         retry += 1
 
 
+# Asked for on reads of one job: a job that has succeeded comes back as an .npz of its outputs
+# (the job itself in the `Tffleet-Job` header), any other as JSON. A server that does not know
+# .npz answers JSON, which is read as ever.
+ACCEPT_NPZ = f"{tensors.NPZ}, application/json"
+
+
 def read(response: httpx.Response) -> Any:
     if response.status_code >= 400:
         raise error_for(response)
+    if response.headers.get("content-type", "").split(";")[0].strip().lower() == tensors.NPZ:
+        return read_npz_job(response)
     try:
         return orjson.loads(response.content)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError(f"{response.status_code} answer is not JSON: {exc}") from None
+
+
+def read_npz_job(response: httpx.Response) -> dict[str, Any]:
+    """A job answered as an .npz of its outputs: its JSON from the `Tffleet-Job` header, its
+    outputs the caller's own (writable) arrays, each copied once out of the answer."""
+    try:
+        job = orjson.loads(response.headers["tffleet-job"])
+        arrays = tensors.read_npz(response.content)
+    except (KeyError, orjson.JSONDecodeError, tensors.TensorError) as exc:
+        raise ProtocolError(f"{response.status_code} .npz answer is not a job's: {exc!r}") from None
+    if not isinstance(job, dict):
+        raise ProtocolError(f"{response.status_code} .npz answer: Tffleet-Job is not a job")
+    job["outputs"] = {name: np.array(array) for name, array in arrays.items()}
+    return job
 
 
 def error_for(response: httpx.Response) -> HTTPStatusError:

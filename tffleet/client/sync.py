@@ -42,7 +42,10 @@ class Client:
     """A blocking client. `transport` replaces the network (an `httpx.MockTransport` in tests).
 
     `inputs` is a dict of input name to array (sent as a binary envelope, dtype kept) or nested
-    lists, or one bare array or list for a model with a single input.
+    lists, or one bare array or list for a model with a single input. Arrays of numbers or bools
+    holding `BINARY_BODY_MIN_BYTES` (64 KiB) or more together go as a binary body instead (.npz,
+    or .npy for one bare array), and one job's outputs come back from an .npz: the API then
+    copies their bytes instead of parsing base64 out of JSON.
     """
 
     def __init__(
