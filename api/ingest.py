@@ -19,7 +19,7 @@ from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.coalesce import Coalescer
-from api.metrics import JOBS_SUBMITTED, PUBLISH_FAILURES
+from api.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED, PUBLISH_FAILURES
 from api.schemas import job_out
 from db import jobs
 from db.models import Job, JobStatus
@@ -83,6 +83,7 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
         results: dict[int, Ingested | BaseException] = {}
         with self._sessions.begin() as session:
             created = jobs.create(session=session, jobs=[j for i in plain for j in requests[i]])
+            looked_up: list[Any] = [job for job in created if job.cache_key]
             publish = [job_out(job, with_outputs=False) for job in created]
             start = 0
             for i in plain:
@@ -100,9 +101,14 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
                     results[i] = Ingested(outs, replayed=outcome.replayed)
                     new = set(outcome.created)
                     publish += [out for out in outs if out["id"] in new]
+                    looked_up += [j for j in outcome.jobs if j.id in new and j.cache_key]
+        for job in looked_up:
+            CACHE_LOOKUPS.labels(model=job.model, result="hit" if job.cached else "miss").inc()
         # After the commit: a wake-up never names a row another connection cannot see yet.
         wake: defaultdict[tuple[str, int], list[str]] = defaultdict(list)
         for out in publish:
+            if out["cached"]:  # answered from the response cache: ended already
+                continue
             wake[(out["model"], out["version"])].append(out["id"])
         for (model, version), ids in wake.items():
             JOBS_SUBMITTED.labels(model=model).inc(len(ids))

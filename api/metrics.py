@@ -20,6 +20,11 @@ JOBS_SUBMITTED = Counter("tffleet_jobs_submitted_total", "Jobs accepted (202)", 
 REQUESTS_REJECTED = Counter(
     "tffleet_requests_rejected_total", "Requests answered with an error", ["code"]
 )
+CACHE_LOOKUPS = Counter(
+    "tffleet_cache_lookups_total",
+    "Jobs of models with a response cache, by whether it answered them",
+    ["model", "result"],
+)
 PUBLISH_FAILURES = Counter(
     "tffleet_publish_failures_total", "Wake-ups the broker did not take (jobs stay queued)"
 )

@@ -100,6 +100,10 @@ class JobOut(BaseModel):
         default=None,
         description="A job larger than a batch, split across children: samples done so far.",
     )
+    cached: bool = Field(
+        default=False,
+        description="Answered from the response cache: a job with equal inputs had succeeded.",
+    )
 
 
 class ErrorDetail(BaseModel):
@@ -230,6 +234,7 @@ def job_out(
         "outputs": outputs,
         "worker": job.worker,
         "progress": _progress(job),
+        "cached": bool(getattr(job, "cached", False)),
     }
 
 

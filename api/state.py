@@ -54,7 +54,12 @@ class SignatureCache:
                 version=version,
                 live_since=presence.live_since(self.poll_s, clock.now(session)),
             )
-            entry = {"name": found.name, "version": found.version, "inputs": found.inputs}
+            entry = {
+                "name": found.name,
+                "version": found.version,
+                "inputs": found.inputs,
+                "config": found.config or {},
+            }
         self._entries[key] = (time.monotonic(), entry)
         return entry
 

@@ -59,7 +59,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db import clock
+from db import cache, clock
 from db.ids import new_job_id
 from db.models import (
     DEFAULT_TENANT,
@@ -102,6 +102,8 @@ class NewJob:
     request_hash: str | None = None
     ttl_s: int | None = None  # its own retention after it ends; None: the sweeper's default
     tenant: str = DEFAULT_TENANT
+    # Its key in the response cache, for a model with `cache = true` (db/cache.py).
+    cache_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ class Lease:
     created_at: datetime | None = None  # for the queue-wait metric
     started_at: datetime | None = None  # as stored by the claim
     parent_id: str | None = None  # the split job this is a part of (db/parts.py)
+    cache_key: str | None = None  # its outputs go to the response cache (db/cache.py)
 
 
 _QUEUED = _jobs.c.status == JobStatus.QUEUED.value
@@ -146,20 +149,22 @@ _ENDED_ON_ITS_OWN = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value
 
 def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
     """Insert queued jobs in one statement; returns them as detached objects (not in the session).
+    A job the response cache answers is stored `succeeded` at once (db/cache.py).
 
     A Core insert: the ORM's unit of work would cost more than the insert itself on this path.
     """
     now = clock.now(session)
     rows = [_row(job, now) for job in jobs]
+    answered = cache.answer(session=session, rows=rows, now=now)
     if rows:
-        session.execute(insert(_jobs), rows)
-        session.execute(
-            insert(_inputs),
-            [
-                {"job_id": row["id"], "data": job.inputs}
-                for row, job in zip(rows, jobs, strict=True)
-            ],
-        )
+        session.execute(insert(_jobs), _uniform(rows))
+        inputs = [
+            {"job_id": row["id"], "data": job.inputs}
+            for row, job in zip(rows, jobs, strict=True)
+            if row["id"] not in answered
+        ]
+        if inputs:
+            session.execute(insert(_inputs), inputs)
     created = [Job(**row) for row in rows]
     for job, new in zip(created, jobs, strict=True):
         job.inputs = new.inputs  # type: ignore[attr-defined]
@@ -200,21 +205,20 @@ def create_idempotent(
     )
     if not by_key:
         return []
+    answered = cache.answer(session=session, rows=[row for _, row, _ in by_key], now=now)
     inserted = set(
         session.scalars(
             _insert_unless_key_taken(session).returning(_jobs.c.id),
-            [row for _, row, _ in by_key],
+            _uniform([row for _, row, _ in by_key]),
         )
     )
-    if inserted:
-        session.execute(
-            insert(_inputs),
-            [
-                {"job_id": row["id"], "data": data}
-                for _, row, data in by_key
-                if row["id"] in inserted
-            ],
-        )
+    inputs = [
+        {"job_id": row["id"], "data": data}
+        for _, row, data in by_key
+        if row["id"] in inserted and row["id"] not in answered
+    ]
+    if inputs:
+        session.execute(insert(_inputs), inputs)
     keys_by_tenant: dict[str, list[str]] = {}
     for _, row, _ in by_key:
         keys_by_tenant.setdefault(row["tenant"], []).append(row["idempotency_key"])
@@ -256,6 +260,17 @@ def _tenant_key(row: Mapping[str, Any] | RowMapping) -> tuple[str, str]:
     return row["tenant"], row["idempotency_key"]
 
 
+# What a row the response cache answered sets beyond a queued one (db/cache.py `answer`).
+_ANSWERED = {"outputs": None, "cached": False, "started_at": None, "finished_at": None}
+
+
+def _uniform(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with the same keys, for one executemany INSERT, when the cache answered some."""
+    if all(len(row) == len(rows[0]) for row in rows):
+        return rows
+    return [{**_ANSWERED, **row} for row in rows]
+
+
 def _row(job: NewJob, now: datetime) -> dict[str, Any]:
     """The `jobs` row of a new job (its inputs go to `job_inputs`)."""
     return {
@@ -271,6 +286,7 @@ def _row(job: NewJob, now: datetime) -> dict[str, Any]:
         "request_hash": job.request_hash,
         "ttl_s": job.ttl_s,
         "created_at": now,
+        "cache_key": job.cache_key,
     }
 
 
@@ -314,6 +330,7 @@ def _claim_statement(*, fresh_only: bool) -> Update:
             _jobs.c.priority,
             _jobs.c.created_at,
             _jobs.c.parent_id,
+            _jobs.c.cache_key,
         )
     )
 
@@ -361,6 +378,7 @@ def _claim_ids(
             created_at=row.created_at,
             started_at=now,
             parent_id=row.parent_id,
+            cache_key=row.cache_key,
         )
         for row in rows
     ]
@@ -597,6 +615,12 @@ def complete(
     if not results:
         return 0
     now = now or clock.now(session)
+    # Outputs are the inputs' whatever the fence says: cached even where a late one is dropped.
+    cache.remember(
+        session=session,
+        entries=[(lease.cache_key, out) for lease, out in results if lease.cache_key],
+        now=now,
+    )
     return _fenced_update(
         session,
         _complete_statement(),

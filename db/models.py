@@ -158,6 +158,10 @@ class Job(Base):
     part_offset: Mapped[int | None] = mapped_column(Integer)
     parts: Mapped[int | None] = mapped_column(Integer)
     samples_done: Mapped[int | None] = mapped_column(Integer)
+    # A model with `cache = true`: the key of its inputs in `job_cache`, and whether the job was
+    # answered from there, without a forward pass (db/cache.py).
+    cache_key: Mapped[str | None] = mapped_column(String(64))
+    cached: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
@@ -192,6 +196,20 @@ class JobInput(Base):
 Job.inputs = deferred(
     column_property(select(JobInput.data).where(JobInput.job_id == Job.id).scalar_subquery())
 )
+
+
+class CacheEntry(Base):
+    """A succeeded job's outputs, by the hash of its model version, tenant (or "*" where the
+    model's cache is shared) and packed inputs: the response cache (db/cache.py)."""
+
+    __tablename__ = "job_cache"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    outputs: Mapped[bytes] = mapped_column(LargeBinary)
+    size: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_job_cache_created_at", "created_at"),)
 
 
 class ModelVersion(Base):

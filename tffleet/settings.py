@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     sweep_interval_s: float = Field(default=5.0, gt=0)
     republish_after_s: float = Field(default=30.0, gt=0)
     result_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    # The response cache of models with `cache = true` (db/cache.py): how long an entry answers,
+    # and how many bytes of outputs all entries hold at most (the oldest go first).
+    cache_ttl_s: float = Field(default=24 * 3600.0, gt=0)
+    cache_max_bytes: int = Field(default=1024**3, ge=0)
 
     # Batching defaults; a model's own config may override them.
     max_batch_size: int = Field(default=128, ge=1)

@@ -72,6 +72,10 @@ class ModelConfig:
     versions: str | tuple[int, ...] = "latest"
     # An .npz file in the version directory with warm-up inputs; None: zeros (or empty strings).
     warmup: str | None = None
+    # The response cache (db/cache.py): a job whose inputs equal a succeeded job's gets its
+    # outputs at once; per tenant unless `cache_shared`.
+    cache: bool = False
+    cache_shared: bool = False
 
     def bucket_sizes(self) -> tuple[int, ...]:
         """Padded batch sizes: powers of two up to max_batch_size unless configured."""
@@ -114,6 +118,8 @@ class ModelConfig:
             "devices": list(self.devices),
             "versions": self.versions if isinstance(self.versions, str) else list(self.versions),
             "warmup": self.warmup,
+            "cache": self.cache,
+            "cache_shared": self.cache_shared,
         }
 
 
@@ -219,6 +225,9 @@ def _check(values: dict[str, Any]) -> str | None:
         and all(_is_int(v) and v >= 1 for v in versions)
     ):
         return f'versions must be "latest", "all" or a list of version numbers, got {versions!r}'
+    for flag in ("cache", "cache_shared"):
+        if not isinstance(values[flag], bool):
+            return f"{flag} must be true or false, got {values[flag]!r}"
     warmup = values["warmup"]
     if warmup is not None and (not isinstance(warmup, str) or not warmup.endswith(".npz")):
         return f"warmup must name an .npz file in the version directory, got {warmup!r}"

@@ -33,8 +33,8 @@ from prometheus_client import Counter, Gauge
 from redis.exceptions import LockNotOwnedError
 from sqlalchemy.orm import Session, sessionmaker
 
+from db import cache, jobs, parts, presence
 from db import clock as db_clock
-from db import jobs, parts, presence
 from db.models import JobErrorCode
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
@@ -47,6 +47,10 @@ CHUNK_JOBS = 1000
 MAX_CHUNKS = 20
 
 SWEPT = Counter("tffleet_sweeper_jobs_total", "Jobs the sweeper acted on", ["action"])
+CACHE_PURGED = Counter(
+    "tffleet_sweeper_cache_entries_purged_total",
+    "Response cache entries past TFFLEET_CACHE_TTL_S or over TFFLEET_CACHE_MAX_BYTES",
+)
 PUBLISH_FAILURES = Counter(
     "tffleet_sweeper_publish_failures_total", "Wake-ups the broker did not take (retried later)"
 )
@@ -203,6 +207,7 @@ class Sweeper:
         if not report.publish_failures:  # the broker is away: leave the rest for the next sweep
             self._republish_stale(report)
         self._purge(report)
+        self._purge_cache()
         LAST_SWEEP.set_to_current_time()
         return report
 
@@ -254,6 +259,21 @@ class Sweeper:
                 log.info("republishing %d queued jobs whose wake-up is overdue", found)
             # Published ones leave the stale set (mark_published), so the next chunk is new.
             if not self._publish(stale, report) or found < CHUNK_JOBS:
+                return
+
+    def _purge_cache(self) -> None:
+        """Keep the response cache within TFFLEET_CACHE_TTL_S and TFFLEET_CACHE_MAX_BYTES."""
+        for _ in range(MAX_CHUNKS):
+            with self._sessions.begin() as session:
+                older_than = self._clock(session) - timedelta(seconds=self._settings.cache_ttl_s)
+                purged = cache.purge(
+                    session=session,
+                    older_than=older_than,
+                    max_bytes=self._settings.cache_max_bytes,
+                    limit=CHUNK_JOBS,
+                )
+            CACHE_PURGED.inc(purged)
+            if purged < CHUNK_JOBS:
                 return
 
     def _purge(self, report: SweepReport) -> None:

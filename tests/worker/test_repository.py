@@ -173,8 +173,9 @@ def test_read_config_rejects_unknown_keys_naming_them_and_the_known_ones(tmp_pat
     assert str(tmp_path / "m" / "model.toml") in message
     assert "unknown keys ['device', 'max_batch']" in message
     assert (
-        "known keys are ['buckets', 'devices', 'format', 'inputs', 'max_batch_size', "
-        "'max_queue_delay_ms', 'outputs', 'signature', 'timeout_s', 'versions', 'warmup']"
+        "known keys are ['buckets', 'cache', 'cache_shared', 'devices', 'format', 'inputs', "
+        "'max_batch_size', 'max_queue_delay_ms', 'outputs', 'signature', 'timeout_s', "
+        "'versions', 'warmup']"
         in message
     )
 
@@ -251,6 +252,8 @@ def test_as_dict_reports_the_buckets_in_use() -> None:
         "devices": [],
         "versions": "latest",
         "warmup": None,
+        "cache": False,
+        "cache_shared": False,
     }
 
 
@@ -261,3 +264,20 @@ def test_a_models_time_limit_overrides_the_default_and_reads_as_seconds(tmp_path
 
     assert config.timeout_s == 2.0 and isinstance(config.timeout_s, float)
     assert read_config(tmp_path / "other", defaults=ModelConfig(timeout_s=30.0)).timeout_s == 30
+
+
+@pytest.mark.parametrize("text", ['cache = "yes"\n', "cache_shared = 1\n"])
+def test_read_config_takes_the_cache_flags_only_as_booleans(tmp_path: Path, text: str) -> None:
+    config_file(tmp_path, "m", text)
+
+    with pytest.raises(ValueError, match="must be true or false"):
+        read_config(tmp_path / "m", defaults=ModelConfig())
+
+
+def test_read_config_turns_the_response_cache_on(tmp_path: Path) -> None:
+    config_file(tmp_path, "m", "cache = true\ncache_shared = true\n")
+
+    config = read_config(tmp_path / "m", defaults=ModelConfig())
+
+    assert (config.cache, config.cache_shared) == (True, True)
+    assert config.as_dict()["cache"] is True
