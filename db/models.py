@@ -168,9 +168,6 @@ class Job(Base):
         # A tenant's listing, newest first; its queued jobs (quotas, fair share).
         Index("ix_jobs_tenant_id", "tenant", "id"),
         Index("ix_jobs_tenant_status", "tenant", "status"),
-        # The worker's claim: which tenants have queued jobs of a model version, then each
-        # one's by priority then age (db.jobs.claim_next).
-        Index("ix_jobs_pick", "model", "version", "status", "tenant", "priority", "id"),
         Index("ix_jobs_status_id", "status", "id"),
         Index("ix_jobs_lease", "status", "lease_expires_at"),
         # The sweeper's purge: finished jobs, oldest first.
@@ -178,6 +175,20 @@ class Job(Base):
         Index("ix_jobs_expires_at", "expires_at"),
         Index("ix_jobs_parent_id", "parent_id"),
     )
+
+
+# The worker's claim: which tenants have queued jobs of a model version, then each one's by
+# priority (highest first) then age, read in index order (db.jobs.claim_next): an ascending
+# priority made PostgreSQL sort a tenant's whole queue on every claim.
+Index(
+    "ix_jobs_pick",
+    Job.model,
+    Job.version,
+    Job.status,
+    Job.tenant,
+    Job.priority.desc(),
+    Job.id,
+)
 
 
 class JobInput(Base):
