@@ -175,8 +175,7 @@ def test_read_config_rejects_unknown_keys_naming_them_and_the_known_ones(tmp_pat
     assert (
         "known keys are ['buckets', 'cache', 'cache_shared', 'devices', 'format', 'inputs', "
         "'max_batch_size', 'max_queue_delay_ms', 'outputs', 'signature', 'timeout_s', "
-        "'versions', 'warmup']"
-        in message
+        "'versions', 'warmup']" in message
     )
 
 
