@@ -517,8 +517,8 @@ def npy_with_header(header: str, data: bytes = b"") -> bytes:
     [
         (b"", "not an .npy array"),
         (b"\x93NUMPY\x04\x00\x00\x00", ".npy format 4.0 is not read"),
-        (npy_with_header("{'descr': '<f4'"), "not a Python dict literal"),
-        (npy_with_header("[1, 2]"), "needs exactly the keys"),
+        (npy_with_header("{'descr': '<f4'"), "header is not one NumPy reads"),
+        (npy_with_header("[1, 2]"), "Header is not a dictionary"),
         (npy_with_header("{'descr': '<f4', 'fortran_order': 0, 'shape': (1,)}"), "fortran_order"),
         (npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,)}"), "shape"),
         (npy_with_header("{'descr': '|O', 'fortran_order': False, 'shape': (1,)}", b"\0" * 8),
@@ -526,7 +526,7 @@ def npy_with_header(header: str, data: bytes = b"") -> bytes:
         (npy_with_header("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,)}"),
          "structured"),
         (npy_with_header("{'descr': 'f4,(2 3)', 'fortran_order': False, 'shape': (1,)}"),
-         "not one NumPy knows"),
+         "header is not one NumPy reads"),
         (npy_with_header(f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({2**70},)}}"),
          f"need {4 * 2**70}"),
         (npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", b"\0" * 9),
@@ -548,13 +548,14 @@ def zip_with(name: str, data: bytes, *, compress: int = zipfile.ZIP_STORED) -> b
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b"", "no zip end of central directory record"),
-        (b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, 1, 1, 46, 0, 0), "directory lies past"),
+        (b"", "not an .npz archive (File is not a zip file)"),
+        (b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, 1, 1, 46, 0, 0),
+         "Bad offset for central directory"),
         (zip_with("x.txt", b"hello"), "member 'x.txt' is not an .npy array"),
         (zip_with("x.npy", tensors.write_npy(np.ones(3)), compress=zipfile.ZIP_DEFLATED),
          "member 'x.npy' is compressed"),
         (zip_with("x.npy", b"junk"), "member 'x.npy': not an .npy array"),
-        (tensors.write_npz({"x": np.ones(3)})[:-30], "no zip end"),
+        (tensors.write_npz({"x": np.ones(3)})[:-30], "File is not a zip file"),
     ],
 )  # fmt: skip
 def test_read_npz_refuses_what_is_not_an_npz(body: bytes, message: str) -> None:
@@ -572,6 +573,32 @@ def test_read_npz_refuses_a_member_twice_and_too_many_members() -> None:
     many = {f"a{i}": np.ones(1) for i in range(tensors.MAX_NPZ_MEMBERS + 1)}
     with pytest.raises(TensorError, match=f"{tensors.MAX_NPZ_MEMBERS + 1} members"):
         tensors.read_npz(tensors.write_npz(many))
+
+
+def test_read_npz_refuses_a_directory_too_long_before_zipfile_reads_it() -> None:
+    # zipfile reads every entry the end record's directory size covers, whatever its count says:
+    # here 1, for a directory of tiny entries that would take zipfile seconds at 64 MiB.
+    entry = b"PK\x01\x02" + bytes(24) + struct.pack("<H", 1) + bytes(16) + b"a"
+    directory = entry * (tensors._NPZ_MAX_DIRECTORY // len(entry) + 1)
+    end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, 1, 1, len(directory), 0, 0)
+    with pytest.raises(TensorError, match=f"a zip directory of {len(directory)} bytes"):
+        tensors.read_npz(directory + end)
+
+
+def test_write_npz_writes_zip64_records_where_sizes_need_them_still_aligned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What past 4 GiB needs, here past 1,000 bytes: zipfile's limit lowered.
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 1000)
+    arrays = {"big": np.arange(1000, dtype=np.float32), **BODY_ARRAYS}
+    body = tensors.write_npz(arrays)
+    monkeypatch.undo()
+    assert b"PK\x06\x06" in body  # the zip64 end record
+    with np.load(io.BytesIO(body)) as archive:
+        for name, array in arrays.items():
+            np.testing.assert_array_equal(archive[name], array)
+    for name, array in tensors.read_npz(body).items():
+        assert (array.ctypes.data - np.frombuffer(body, np.uint8).ctypes.data) % 64 == 0, name
 
 
 def test_read_npz_and_read_npy_raise_only_tensor_error_on_mangled_bodies() -> None:

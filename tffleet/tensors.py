@@ -17,11 +17,11 @@ of the arrays' bytes (`read_npz`, `write_npz`). Never pickled.
 
 from __future__ import annotations
 
-import ast
 import binascii
+import io
 import math
 import struct
-import zlib
+import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -390,84 +390,54 @@ def batch_size(tensors: Mapping[str, np.ndarray]) -> int:
 
 # Binary bodies: NumPy's .npy (one array) and .npz (named arrays, an uncompressed zip of .npy
 # files). Read without copying (the arrays are views of the body) and written with one copy (the
-# arrays' bytes joined into the body), so a large tensor costs a memcpy, not a parse.
+# arrays' bytes written into the body), so a large tensor costs a memcpy, not a parse. The zip is
+# zipfile's, the .npy headers NumPy's (np.lib.format); what is ours is the checks.
 
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
 # The most members an .npz may have: each costs a few microseconds of Python to read.
 MAX_NPZ_MEMBERS = 4096
+# zipfile makes an object of every entry its central directory holds, however few the archive's
+# end record counts, and only then can they be counted: a longer directory is refused before it
+# reads it. A 64 MiB body of 47-byte entries would take 7 s; at this bound, 0.1 s at most. 128
+# bytes a member: the 46 of its entry, and its name.
+_NPZ_MAX_DIRECTORY = MAX_NPZ_MEMBERS * 128
 
-_NPY_MAGIC = b"\x93NUMPY"
 _NPY_MAX_HEADER = 10_000  # np.load's own default limit (max_header_size)
 _NPY_ALIGN = 64  # an array's bytes start at a multiple of this in what `write_npz` writes
-_U16, _U32 = struct.Struct("<H"), struct.Struct("<I")
-_ZIP_LOCAL = struct.Struct("<4sHHHHHIIIHH")  # local file header (30 bytes), then name and extra
-_ZIP_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # central directory entry (46 bytes)
-_ZIP_END = struct.Struct("<4sHHHHIIH")  # end of central directory (22 bytes)
-_ZIP64_LOCATOR = struct.Struct("<4sIQI")  # zip64 end of central directory locator (20 bytes)
-_ZIP64_END = struct.Struct("<4sQHHIIQQQQ")  # zip64 end of central directory (56 bytes)
-_ZIP_LOCAL_SIG, _ZIP_CENTRAL_SIG, _ZIP_END_SIG = b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06"
-_ZIP_STORED, _ZIP_ENCRYPTED, _ZIP_UTF8 = 0, 0x1, 0x800
-_ZIP_DOS_DATE = 0x21  # 1980-01-01, the earliest a zip can say
-_ZIP_MAX = 0xFFFFFFFF
+# A zip member's local header: its signature, then (after 22 bytes of what the central directory
+# also says) the lengths of its name and extra field, which lie between it and the data.
+_ZIP_LOCAL = struct.Struct("<4s22xHH")
+_ZIP_ENCRYPTED = 0x1  # a flag bit
 
 
 def read_npy(data: bytes | memoryview) -> np.ndarray:
     """The array an .npy file holds: a read-only view of `data`, no copy. Never unpickles
     (an array of Python objects is refused)."""
     view = memoryview(data)
-    offset, shape, fortran_order, dtype = _npy_header_fields(view)
-    count = math.prod(shape)
-    need, held = count * dtype.itemsize, len(view) - offset
-    if held != need:
-        raise TensorError(
-            f"holds {held} bytes of data but dtype {dtype.name} and shape {list(shape)} need {need}"
-        )
+    head = _Head(view)
     try:
-        flat = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
-        return flat.reshape(shape[::-1]).T if fortran_order else flat.reshape(shape)
-    except ValueError as exc:
-        raise TensorError(f"shape {list(shape)} is not supported ({exc})") from None
-
-
-def _npy_header_fields(view: memoryview) -> tuple[int, tuple[int, ...], bool, np.dtype[Any]]:
-    """Where the data starts, and the shape, order and dtype an .npy header gives. Parsed
-    here, not by np.lib.format, whose fallback for Python 2 headers warns on a malformed one."""
-    if len(view) < 10 or view[:6] != _NPY_MAGIC:
-        raise TensorError("not an .npy array (no \\x93NUMPY magic string)")
-    version = (view[6], view[7])
-    if version == (1, 0):
-        (length,), start = _U16.unpack_from(view, 8), 10
-    elif version in ((2, 0), (3, 0)) and len(view) >= 12:
-        (length,), start = _U32.unpack_from(view, 8), 12
-    else:
+        version = np.lib.format.read_magic(head)
+    except ValueError:
+        raise TensorError("not an .npy array (no \\x93NUMPY magic string)") from None
+    if version not in ((1, 0), (2, 0), (3, 0)):
         raise TensorError(f".npy format {version[0]}.{version[1]} is not read (1.0 to 3.0 are)")
-    if length > _NPY_MAX_HEADER or start + length > len(view):
-        raise TensorError(f"an .npy header of {length} bytes is too long or cut short")
-    text = bytes(view[start : start + length]).decode(
-        "utf-8" if version == (3, 0) else "latin-1", errors="replace"
-    )
+    # 3.0 differs from 2.0 only in that its header is UTF-8 (for structured dtypes' field names),
+    # where 2.0's is Latin-1: a plain dtype's header is ASCII, the same bytes either way.
+    read_header = np.lib.format.read_array_header_1_0
+    if version != (1, 0):
+        read_header = np.lib.format.read_array_header_2_0
     try:
-        fields = ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise TensorError("the .npy header is not a Python dict literal") from None
-    if not isinstance(fields, dict) or set(fields) != {"descr", "fortran_order", "shape"}:
-        raise TensorError("the .npy header needs exactly the keys descr, fortran_order, shape")
-    descr, fortran_order, shape = fields["descr"], fields["fortran_order"], fields["shape"]
-    if not isinstance(shape, tuple) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
+        shape, fortran_order, dtype = read_header(head, max_header_size=_NPY_MAX_HEADER)
+    # ValueError mostly; also SyntaxError or a DeprecationWarning (where warnings are errors) from
+    # np.dtype, and tokenize's TokenError or RecursionError from parsing the header's dict.
+    except Exception as exc:
+        reason = str(exc).partition("\n")[0][:200]
+        raise TensorError(
+            f"the .npy header is not one NumPy reads ({type(exc).__name__}: {reason})"
+        ) from None
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise TensorError(f"the .npy shape {shape!r} is not a tuple of non-negative integers")
-    if not isinstance(fortran_order, bool):
-        raise TensorError("the .npy fortran_order is not True or False")
-    if not isinstance(descr, str):
-        raise TensorError(f"dtype {descr!r} is structured; a tensor has one plain dtype")
-    try:
-        dtype = np.dtype(descr)
-    # TypeError, ValueError, SyntaxError (from its comma-string parser); a deprecated alias's
-    # Warning where warnings are errors.
-    except Exception:
-        raise TensorError(f"the .npy dtype {descr!r} is not one NumPy knows") from None
     if dtype.hasobject:
         raise TensorError(
             "an array of Python objects would need pickle, which is refused; send strings as "
@@ -475,7 +445,44 @@ def _npy_header_fields(view: memoryview) -> tuple[int, tuple[int, ...], bool, np
         )
     if dtype.fields is not None or dtype.subdtype is not None or dtype.itemsize == 0:
         raise TensorError(f"dtype {dtype} is no tensor's (structured, a subarray, or empty)")
-    return start + length, shape, fortran_order, dtype
+    count = math.prod(shape)
+    need, held = count * dtype.itemsize, len(view) - head.at
+    if held != need:
+        raise TensorError(
+            f"holds {held} bytes of data but dtype {dtype.name} and shape {list(shape)} need {need}"
+        )
+    try:
+        flat = np.frombuffer(view, dtype=dtype, count=count, offset=head.at)
+        return flat.reshape(shape[::-1]).T if fortran_order else flat.reshape(shape)
+    except ValueError as exc:
+        raise TensorError(f"shape {list(shape)} is not supported ({exc})") from None
+
+
+class _Head:
+    """The start of an .npy as the file np.lib.format's header readers read: each read copies
+    only the bytes asked for (io.BytesIO would copy the whole body first); `at` ends where the
+    data starts."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view, self.at = view, 0
+
+    def read(self, size: int = -1, /) -> bytes:
+        chunk = bytes(self.view[self.at : None if size < 0 else self.at + size])
+        self.at += len(chunk)
+        return chunk
+
+
+class _ZipBody(io.BytesIO):
+    """A body as zipfile reads it (no copy of a bytes object), which refuses to hand it a central
+    directory longer than _NPZ_MAX_DIRECTORY: zipfile reads the whole directory in one read."""
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        if size is not None and size > _NPZ_MAX_DIRECTORY:
+            raise TensorError(
+                f"a zip directory of {size} bytes; an .npz of inputs holds at most "
+                f"{MAX_NPZ_MEMBERS} members, in at most {_NPZ_MAX_DIRECTORY} bytes of directory"
+            )
+        return super().read(size)
 
 
 def read_npz(body: bytes) -> dict[str, np.ndarray]:
@@ -483,99 +490,49 @@ def read_npz(body: bytes) -> dict[str, np.ndarray]:
 
     Members must be stored, not compressed (`np.savez`, not `np.savez_compressed`), and named
     NAME.npy. Their CRC-32 is not checked: the transport already guards the bytes, and checking
-    would read every byte once more.
+    would read every byte once more (which is why the data is sliced out of the body here rather
+    than read through zipfile, which would also copy it).
     """
+    try:
+        with zipfile.ZipFile(_ZipBody(body)) as archive:
+            members = archive.infolist()
+    except TensorError:  # _ZipBody's refusal
+        raise
+    except (zipfile.BadZipFile, NotImplementedError, ValueError) as exc:
+        raise TensorError(f"not an .npz archive ({exc})") from None
+    if len(members) > MAX_NPZ_MEMBERS:
+        raise TensorError(
+            f"{len(members)} members; an .npz of inputs holds at most {MAX_NPZ_MEMBERS}"
+        )
     view = memoryview(body)
     arrays: dict[str, np.ndarray] = {}
-    for filename, flags, method, local_at, size in _zip_members(body):
-        where = f"member {filename!r}"
-        if not filename.endswith(".npy"):
+    for member in members:
+        where = f"member {member.filename!r}"
+        if not member.filename.endswith(".npy"):
             raise TensorError(f"{where} is not an .npy array (np.savez names them NAME.npy)")
-        name = filename[: -len(".npy")]
+        name = member.filename[: -len(".npy")]
         if name in arrays:
             raise TensorError(f"{where} appears twice")
-        if flags & _ZIP_ENCRYPTED:
+        if member.flag_bits & _ZIP_ENCRYPTED:
             raise TensorError(f"{where} is encrypted")
-        if method != _ZIP_STORED:
+        if member.compress_type != zipfile.ZIP_STORED:
             raise TensorError(
                 f"{where} is compressed; send what np.savez writes, not np.savez_compressed"
             )
-        if local_at + _ZIP_LOCAL.size > len(body):
-            raise TensorError(f"{where}: its header lies past the end of the body")
-        local = _ZIP_LOCAL.unpack_from(body, local_at)
-        if local[0] != _ZIP_LOCAL_SIG:
+        local_at = member.header_offset
+        if not 0 <= local_at <= len(body) - _ZIP_LOCAL.size:
+            raise TensorError(f"{where}: its header lies outside the body")
+        signature, name_len, extra_len = _ZIP_LOCAL.unpack_from(body, local_at)
+        if signature != b"PK\x03\x04":
             raise TensorError(f"{where}: no zip header where the directory says it starts")
-        start = local_at + _ZIP_LOCAL.size + local[9] + local[10]
-        if start + size > len(body):
+        start = local_at + _ZIP_LOCAL.size + name_len + extra_len
+        if start + member.compress_size > len(body):
             raise TensorError(f"{where}: its data runs past the end of the body")
         try:
-            arrays[name] = read_npy(view[start : start + size])
+            arrays[name] = read_npy(view[start : start + member.compress_size])
         except TensorError as exc:
             raise TensorError(f"{where}: {exc}") from None
     return arrays
-
-
-def _zip_members(body: bytes) -> list[tuple[str, int, int, int, int]]:
-    """(name, flags, method, local header offset, stored size) of each member, in order, read
-    off the central directory; at most MAX_NPZ_MEMBERS, checked before any is read."""
-    end = body.rfind(_ZIP_END_SIG, max(0, len(body) - _ZIP_END.size - 0xFFFF))
-    if end < 0 or end + _ZIP_END.size > len(body):
-        raise TensorError("not an .npz archive (no zip end of central directory record)")
-    _, disk, cd_disk, _, count, cd_size, cd_at, _ = _ZIP_END.unpack_from(body, end)
-    locator = end - _ZIP64_LOCATOR.size
-    if locator >= 0 and body[locator : locator + 4] == b"PK\x06\x07":
-        _, _, zip64_at, _ = _ZIP64_LOCATOR.unpack_from(body, locator)
-        if zip64_at + _ZIP64_END.size > len(body) or body[zip64_at : zip64_at + 4] != b"PK\x06\x06":
-            raise TensorError("not an .npz archive (a broken zip64 end record)")
-        _, _, _, _, disk, cd_disk, _, count, cd_size, cd_at = _ZIP64_END.unpack_from(body, zip64_at)
-    if disk or cd_disk:
-        raise TensorError("a zip archive split over several disks is not an .npz")
-    if count > MAX_NPZ_MEMBERS:
-        raise TensorError(f"{count} members; an .npz of inputs holds at most {MAX_NPZ_MEMBERS}")
-    if cd_at + cd_size > len(body):
-        raise TensorError("not an .npz archive (its directory lies past the end of the body)")
-    members = []
-    at = cd_at
-    for _ in range(count):
-        if at + _ZIP_CENTRAL.size > cd_at + cd_size:
-            raise TensorError("not an .npz archive (its directory ends early)")
-        entry = _ZIP_CENTRAL.unpack_from(body, at)
-        if entry[0] != _ZIP_CENTRAL_SIG:
-            raise TensorError("not an .npz archive (a broken directory entry)")
-        flags, method, size, name_len, extra_len, comment_len, local_at = (
-            entry[3], entry[4], entry[8], entry[10], entry[11], entry[12], entry[16]
-        )  # fmt: skip
-        raw_name = body[at + _ZIP_CENTRAL.size : at + _ZIP_CENTRAL.size + name_len]
-        extra = body[
-            at + _ZIP_CENTRAL.size + name_len : at + _ZIP_CENTRAL.size + name_len + extra_len
-        ]
-        if size == _ZIP_MAX or local_at == _ZIP_MAX:
-            size, local_at = _zip64_extra(extra, entry[9], size, local_at)
-        name = raw_name.decode("utf-8" if flags & _ZIP_UTF8 else "cp437", errors="replace")
-        members.append((name, flags, method, local_at, size))
-        at += _ZIP_CENTRAL.size + name_len + extra_len + comment_len
-    return members
-
-
-def _zip64_extra(extra: bytes, file_size: int, size: int, local_at: int) -> tuple[int, int]:
-    """A member's stored size and header offset from its zip64 extra field (only the fields
-    whose 32-bit slot holds 0xFFFFFFFF are there, in this order)."""
-    at = 0
-    while at + 4 <= len(extra):
-        tag, length = struct.unpack_from("<HH", extra, at)
-        if tag == 1:
-            values = [v for (v,) in struct.iter_unpack("<Q", extra[at + 4 : at + 4 + length])]
-            wanted = [file_size == _ZIP_MAX, size == _ZIP_MAX, local_at == _ZIP_MAX]
-            if len(values) < sum(wanted):
-                break
-            got = iter(values)
-            found = [next(got) if w else None for w in wanted]
-            return (
-                size if found[1] is None else found[1],
-                local_at if found[2] is None else found[2],
-            )
-        at += 4 + length
-    raise TensorError("not an .npz archive (a zip64 member without its zip64 sizes)")
 
 
 def write_npy(array: np.ndarray) -> bytes:
@@ -588,32 +545,20 @@ def write_npz(arrays: Mapping[str, np.ndarray]) -> bytes:
     """Named arrays as an .npz (what np.savez writes, read back by np.load): one copy of their
     bytes, each starting 64-byte aligned. TensorError for strings or other dtypes without a
     fixed width."""
-    parts: list[bytes | memoryview] = []
-    central = []
-    offset = 0
-    for name, array in arrays.items():
-        data = _fixed_width(name, array)
-        filename = f"{name}.npy".encode()
-        flags = 0 if filename.isascii() else _ZIP_UTF8
-        head = _npy_header(data, start=offset + _ZIP_LOCAL.size + len(filename))
-        raw = _raw(data)
-        crc = zlib.crc32(raw, zlib.crc32(head))
-        size = len(head) + len(raw)
-        if size >= _ZIP_MAX or offset >= _ZIP_MAX:
-            raise TensorError(f"cannot write {name!r}: over 4 GiB, too large for an .npz here")
-        fields = (0, 0, _ZIP_DOS_DATE, crc, size, size, len(filename))
-        parts += [_ZIP_LOCAL.pack(_ZIP_LOCAL_SIG, 20, flags, *fields, 0), filename, head, raw]
-        central += [
-            _ZIP_CENTRAL.pack(_ZIP_CENTRAL_SIG, 20, 20, flags, *fields, 0, 0, 0, 0, 0, offset)
-        ]
-        central += [filename]
-        offset += _ZIP_LOCAL.size + len(filename) + size
-    directory = b"".join(central)
-    count = len(arrays)
-    if count > 0xFFFF:
-        raise TensorError(f"cannot write {count} arrays into one .npz here")
-    end = _ZIP_END.pack(_ZIP_END_SIG, 0, 0, count, count, len(directory), offset, 0)
-    return b"".join([*parts, directory, end])
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:  # stored, not compressed
+        for name, array in arrays.items():
+            data = _fixed_width(name, array)
+            # A ZipInfo of our own: its date is 1980-01-01 (the same arrays, the same bytes), and
+            # its size, known in advance, has zipfile write zip64 sizes where they need them
+            # (past 4 GiB, with 5% to spare: the header's hundred bytes are within that).
+            member = zipfile.ZipInfo(f"{name}.npy")
+            member.file_size = data.nbytes
+            with archive.open(member, "w") as out:
+                # zipfile has written the member's local header: its data starts here.
+                out.write(_npy_header(data, start=buffer.tell()))
+                out.write(_raw(data))
+    return buffer.getvalue()
 
 
 def npz_of_blob(blob: bytes) -> bytes:
@@ -632,13 +577,14 @@ def _fixed_width(name: str, array: np.ndarray) -> np.ndarray:
 
 def _npy_header(array: np.ndarray, *, start: int) -> bytes:
     """An .npy header (format 1.0) padded so that the data after it starts at a multiple of
-    _NPY_ALIGN from the start of the body it lies in (`start`: where the header begins)."""
+    _NPY_ALIGN from the start of the body it lies in (`start`: where the header begins).
+    np.lib.format's own writer pads to a multiple from the header's start, wherever that lies."""
     descr = np.lib.format.dtype_to_descr(array.dtype)
     fields = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {tuple(array.shape)!r}, }}"
-    fixed = len(_NPY_MAGIC) + 2 + _U16.size
-    pad = -(start + fixed + len(fields) + 1) % _NPY_ALIGN
+    magic = np.lib.format.magic(1, 0)
+    pad = -(start + len(magic) + 2 + len(fields) + 1) % _NPY_ALIGN
     text = (fields + " " * pad + "\n").encode("latin-1")
-    return _NPY_MAGIC + b"\x01\x00" + _U16.pack(len(text)) + text
+    return magic + len(text).to_bytes(2, "little") + text
 
 
 def from_array(array: np.ndarray, *, dtype: str) -> np.ndarray:
