@@ -220,7 +220,9 @@ class CacheEntry(Base):
     size: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
-    __table_args__ = (Index("ix_job_cache_created_at", "created_at"),)
+    # The sweeper's purge: oldest first, and the bytes of all entries (`size` in the index, so
+    # PostgreSQL sums it from the index alone, not from the table and its outputs).
+    __table_args__ = (Index("ix_job_cache_created_at", "created_at", "size"),)
 
 
 class ModelVersion(Base):

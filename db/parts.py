@@ -28,7 +28,7 @@ import numpy as np
 from sqlalchemy import Table, delete, select, update
 from sqlalchemy.orm import Session
 
-from db import clock
+from db import cache, clock
 from db.jobs import Lease
 from db.models import Job, JobErrorCode, JobInput, JobStatus
 from tffleet import tensors
@@ -114,7 +114,7 @@ def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:
     ended = []
     for parent_id in sorted(set(parent_ids)):
         parent = session.execute(
-            select(_jobs.c.status, _jobs.c.parts, _jobs.c.samples)
+            select(_jobs.c.status, _jobs.c.parts, _jobs.c.samples, _jobs.c.cache_key)
             .where(_jobs.c.id == parent_id)
             .with_for_update()
         ).one_or_none()
@@ -156,11 +156,10 @@ def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:
         done = [p for p in parts if p.status == JobStatus.SUCCEEDED.value]
         values: dict[str, Any] = {"samples_done": sum(p.samples for p in done)}
         if len(done) == parent.parts:
-            values |= {
-                "status": JobStatus.SUCCEEDED.value,
-                "outputs": _join(session, [p.id for p in done]),
-                "finished_at": now,
-            }
+            joined = _join(session, [p.id for p in done])
+            values |= {"status": JobStatus.SUCCEEDED.value, "outputs": joined, "finished_at": now}
+            if parent.cache_key:
+                cache.remember(session=session, entries=[(parent.cache_key, joined)], now=now)
             ended.append(parent_id)
         session.execute(update(_jobs).where(_jobs.c.id == parent_id).values(**values))
         if parent_id in ended:

@@ -6,7 +6,9 @@ Each sweep
 2. publishes again the queued jobs whose last wake-up is older than `republish_after_s` (the
    submit's publish failed, or Redis lost the message);
 3. deletes finished jobs older than `result_ttl_s`, and the model reports of worker children
-   that died (db.presence).
+   that died (db.presence);
+4. deletes response cache entries older than `cache_ttl_s`, then the oldest while all of them
+   hold more than `cache_max_bytes` (db.cache).
 
 Only jobs of versions that some live worker child holds are published again: the others stay
 queued, without a pile of wake-ups in their queue, until a child loads their version (it wakes
@@ -77,6 +79,7 @@ class SweepReport:
     messages: int = 0
     publish_failures: int = 0  # messages the broker did not take; their jobs stay stale
     purged: int = 0  # finished jobs deleted
+    cache_purged: int = 0  # response cache entries deleted: past their age, or over the bound
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -188,13 +191,14 @@ class Sweeper:
         if report:
             log.info(
                 "sweep: requeued %d, worker_lost %d, republished %d jobs in %d messages "
-                "(%d messages failed), purged %d",
+                "(%d messages failed), purged %d, cache entries purged %d",
                 report.requeued,
                 report.worker_lost,
                 report.republished,
                 report.messages,
                 report.publish_failures,
                 report.purged,
+                report.cache_purged,
             )
 
     # One sweep
@@ -207,7 +211,7 @@ class Sweeper:
         if not report.publish_failures:  # the broker is away: leave the rest for the next sweep
             self._republish_stale(report)
         self._purge(report)
-        self._purge_cache()
+        self._purge_cache(report)
         LAST_SWEEP.set_to_current_time()
         return report
 
@@ -261,7 +265,7 @@ class Sweeper:
             if not self._publish(stale, report) or found < CHUNK_JOBS:
                 return
 
-    def _purge_cache(self) -> None:
+    def _purge_cache(self, report: SweepReport) -> None:
         """Keep the response cache within TFFLEET_CACHE_TTL_S and TFFLEET_CACHE_MAX_BYTES."""
         for _ in range(MAX_CHUNKS):
             with self._sessions.begin() as session:
@@ -272,6 +276,7 @@ class Sweeper:
                     max_bytes=self._settings.cache_max_bytes,
                     limit=CHUNK_JOBS,
                 )
+            report.cache_purged += purged
             CACHE_PURGED.inc(purged)
             if purged < CHUNK_JOBS:
                 return

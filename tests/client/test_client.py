@@ -616,3 +616,16 @@ def test_run_submits_large_inputs_in_binary_and_reads_the_outputs_from_npz() -> 
 def test_an_npz_answer_that_is_not_a_jobs_raises_protocol_error(response: httpx.Response) -> None:
     with Recorder(lambda _: response).client() as client, pytest.raises(ProtocolError):
         client.get("j1")
+
+
+def test_a_job_shows_a_split_jobs_progress_and_whether_the_cache_answered_it() -> None:
+    split = ClientJob.from_wire(
+        wire_job(status="running", progress={"samples_done": 256, "samples": 8192})
+    )
+    cached = ClientJob.from_wire(wire_job(status="succeeded", cached=True))
+    before = ClientJob.from_wire(wire_job())  # an API older than both fields
+
+    assert (split.progress, split.cached) == ((256, 8192), False)
+    assert (cached.progress, cached.cached) == (None, True)
+    assert (before.progress, before.cached) == (None, False)
+    assert split.to_dict()["progress"] == {"samples_done": 256, "samples": 8192}

@@ -108,3 +108,35 @@ def test_purge_drops_entries_past_their_age_then_the_oldest_over_the_size_bound(
     assert purged == 2  # k0 by age; then k1, the oldest, while over 20 bytes
     with sessions() as session:
         assert sorted(session.scalars(select(CacheEntry.key))) == ["k2", "k3"]
+
+
+def test_a_result_fenced_out_still_stores_its_outputs_for_its_inputs(sessions: Sessions) -> None:
+    """A late worker's write changes no job, but its outputs are still those of its inputs."""
+    first = submit(sessions, new(b"x1"))
+    with sessions.begin() as session:
+        (stale,) = jobs.claim(session=session, job_ids=[first.id], owner="w", lease_s=30)
+    with sessions.begin() as session:
+        jobs.cancel(session=session, job_id=first.id)
+    with sessions.begin() as session:
+        assert jobs.complete(session=session, results=[(stale, b"y1")]) == 0
+
+    again = submit(sessions, new(b"x1"))
+
+    assert (again.cached, again.outputs) == (True, b"y1")
+
+
+def test_a_stored_key_keeps_its_first_outputs_and_purge_takes_at_most_its_limit(
+    sessions: Sessions,
+) -> None:
+    with sessions.begin() as session:
+        now = clock.now(session)
+        cache.remember(session=session, entries=[("k", b"first"), ("j", b"o")], now=now)
+        cache.remember(session=session, entries=[("k", b"second")], now=now)
+        assert session.scalar(select(CacheEntry.outputs).where(CacheEntry.key == "k")) == b"first"
+
+    with sessions.begin() as session:
+        later = now + timedelta(seconds=1)
+        assert cache.purge(session=session, older_than=later, max_bytes=0, limit=1) == 1
+    with sessions.begin() as session:
+        assert cache.purge(session=session, older_than=later, max_bytes=0, limit=5) == 1
+        assert session.scalar(select(func.count()).select_from(CacheEntry)) == 0

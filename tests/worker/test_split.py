@@ -203,3 +203,26 @@ def test_a_message_naming_more_than_a_batch_is_shared_with_the_other_children_at
     for named in first.woken[:2]:
         second.run(named)
     assert all(read(sessions, job_id).status == JobStatus.SUCCEEDED for job_id in ids)
+
+
+def test_a_split_job_of_a_model_with_a_cache_stores_its_joined_outputs(
+    sessions: Sessions,
+) -> None:
+    from db import cache
+
+    x = samples(8, seed=1)
+    packed = tensors.pack({"x": x})
+    key = cache.key(model="m", version=1, scope="default", inputs=packed)
+    new = jobs.NewJob(model="m", version=1, samples=8, inputs=packed, cache_key=key)
+    with sessions.begin() as session:
+        (created,) = jobs.create(session=session, jobs=[new])
+    child = Child(sessions, "c1")
+    child.run([created.id])
+    child.run(child.woken[0])
+    assert read(sessions, created.id).status == JobStatus.SUCCEEDED
+
+    with sessions.begin() as session:
+        (again,) = jobs.create(session=session, jobs=[new])
+
+    assert again.cached
+    np.testing.assert_allclose(tensors.unpack(again.outputs)["y"], model_fn(x), rtol=1e-6)

@@ -16,10 +16,10 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import jobs, presence
+from db import cache, jobs, presence
 from db.clock import utcnow
 from db.engine import make_engine, make_sessionmaker
-from db.models import Job, JobStatus, ModelPresence, PresenceState
+from db.models import CacheEntry, Job, JobStatus, ModelPresence, PresenceState
 from tffleet.broker import Publisher, make_celery, queue_for, queue_lists
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
@@ -285,6 +285,53 @@ def test_old_finished_jobs_are_purged_and_the_rest_kept(
         assert [job.id for job in jobs.get_many(session=session, job_ids=[done, queued])] == [
             queued
         ]
+
+
+def test_cache_entries_go_by_age_then_oldest_first_over_the_size_bound(
+    make_sweeper: MakeSweeper, sessions: Sessions
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock, cache_ttl_s=3600, cache_max_bytes=25)
+    with sessions.begin() as session:
+        for n, age_s in enumerate([3000, 2000, 1000]):
+            stored = clock.now - timedelta(seconds=age_s)
+            cache.remember(session=session, entries=[(f"k{n}", b"o" * 10)], now=stored)
+
+    assert sweeper.sweep_once().cache_purged == 1  # 30 bytes: the oldest goes
+    assert cached_keys(sessions) == ["k1", "k2"]
+    clock.advance(1700)
+    assert sweeper.sweep_once().cache_purged == 1  # k1 is 3700 s old
+    clock.advance(1000)
+    assert sweeper.sweep_once().cache_purged == 1
+    assert cached_keys(sessions) == []
+
+
+def test_a_cache_entry_outlives_the_job_that_made_it(
+    make_sweeper: MakeSweeper, sessions: Sessions
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock, result_ttl_s=3600, cache_ttl_s=7200)
+    key = cache.key(model="m", version=1, scope="default", inputs=b"in")
+    new = jobs.NewJob(model="m", version=1, samples=1, inputs=b"in", cache_key=key)
+    with sessions.begin() as session:
+        (made,) = jobs.create(session=session, jobs=[new])
+    with sessions.begin() as session:
+        (lease,) = jobs.claim(session=session, job_ids=[made.id], owner="w", lease_s=60)
+        jobs.complete(session=session, results=[(lease, b"out")], now=clock.now)
+
+    clock.advance(3601)
+    report = sweeper.sweep_once()
+    assert (report.purged, report.cache_purged) == (1, 0)
+    with sessions() as session:
+        assert jobs.get_many(session=session, job_ids=[made.id]) == []
+    with sessions.begin() as session:
+        (again,) = jobs.create(session=session, jobs=[new])
+    assert (again.status, again.cached, again.outputs) == (JobStatus.SUCCEEDED, True, b"out")
+
+
+def cached_keys(sessions: Sessions) -> list[str]:
+    with sessions() as session:
+        return sorted(session.scalars(select(CacheEntry.key)))
 
 
 # The lock

@@ -43,6 +43,10 @@ class Job:
     error: JobError | None
     outputs: dict[str, np.ndarray] | None
     worker: str | None = None
+    # A job larger than a batch, split across the fleet's children: (samples done, samples).
+    progress: tuple[int, int] | None = None
+    # Answered from the model's response cache: a job with equal inputs had succeeded.
+    cached: bool = False
 
     @property
     def finished(self) -> bool:
@@ -81,6 +85,12 @@ class Job:
                 else None
             ),
             "worker": self.worker,
+            "progress": (
+                {"samples_done": self.progress[0], "samples": self.progress[1]}
+                if self.progress is not None
+                else None
+            ),
+            "cached": self.cached,
         }
 
     @classmethod
@@ -105,6 +115,8 @@ class Job:
                     else None
                 ),
                 worker=data.get("worker"),
+                progress=_progress(data.get("progress")),
+                cached=bool(data.get("cached", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"not a job: {exc!r} in {str(data)[:200]}") from None
@@ -222,6 +234,13 @@ def _first_element(value: Any) -> Any:
     while isinstance(value, list) and value:
         value = value[0]
     return value
+
+
+def _progress(value: Any) -> tuple[int, int] | None:
+    """(samples done, samples) from the wire; None where the API says none (or predates it)."""
+    if value is None:
+        return None
+    return int(value["samples_done"]), int(value["samples"])
 
 
 def _datetime(value: str | None) -> datetime | None:

@@ -26,7 +26,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("key"),
     )
-    op.create_index("ix_job_cache_created_at", "job_cache", ["created_at"], unique=False)
+    op.create_index("ix_job_cache_created_at", "job_cache", ["created_at", "size"], unique=False)
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.add_column(sa.Column("cache_key", sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column("cached", sa.Boolean(), server_default="0", nullable=False))
