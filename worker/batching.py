@@ -140,7 +140,8 @@ class _Next:
     batch: Decoded | None  # claimed and decoded; None: nothing more for this task to run
     fresh: list[str]  # the message's named jobs still queued and never claimed
     retried: list[str]  # ... and those claimed before (they run alone, last)
-    # No claim was tried: every named job left the queue, or the task is out of batches or time.
+    # No claim was tried: the named jobs left the queue and it is not busy, or the task is out
+    # of batches or time.
     stopped: bool = False
     draining: bool = False  # the worker is shutting down: nothing was claimed
 
