@@ -124,6 +124,23 @@ def test_the_forward_passes_seconds_are_counted_per_device_and_model(sessions: S
     assert 0.2 <= after - before < 5
 
 
+def fails_after_first_call(
+    monkeypatch: pytest.MonkeyPatch, name: str, error: OperationalError
+) -> None:
+    """`db.jobs.<name>` works once, then raises `error`: the database went away mid-task."""
+    real = getattr(jobs, name)
+    calls = 0
+
+    def flaky(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return real(**kwargs)
+        raise error
+
+    monkeypatch.setattr(jobs, name, flaky)
+
+
 def held(sessions: Sessions) -> list[str]:
     with sessions() as session:
         return list(session.scalars(select(Job.id).where(Job.lease_owner.is_not(None))))
@@ -134,17 +151,8 @@ def test_a_database_error_while_claiming_ahead_writes_the_batch_on_the_device_th
 ) -> None:
     xs = [samples(1, seed=i) for i in range(8)]
     ids = [submit(sessions, x) for x in xs]
-    real = jobs.claim_next_fresh
-    calls = 0
-
-    def flaky(**kwargs: Any) -> list[jobs.Lease]:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            return real(**kwargs)
-        raise OperationalError("SELECT", {}, Exception("connection refused"))
-
-    monkeypatch.setattr(jobs, "claim_next_fresh", flaky)
+    refused = OperationalError("SELECT", {}, Exception("connection refused"))
+    fails_after_first_call(monkeypatch, "claim_next_fresh", refused)
     batcher, _ = make_batcher(sessions)
 
     with pytest.raises(OperationalError):
@@ -163,17 +171,8 @@ def test_a_database_error_while_writing_hands_back_that_batch_and_the_ones_after
     sessions: Sessions, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = [submit(sessions, samples(1, seed=i)) for i in range(12)]
-    real = jobs.complete
-    calls = 0
-
-    def flaky(**kwargs: Any) -> int:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            return real(**kwargs)
-        raise OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
-
-    monkeypatch.setattr(jobs, "complete", flaky)
+    closed = OperationalError("UPDATE jobs", {}, Exception("server closed the connection"))
+    fails_after_first_call(monkeypatch, "complete", closed)
     batcher, _ = make_batcher(sessions)
 
     with pytest.raises(OperationalError):
