@@ -4,16 +4,21 @@ Every YAML file under deploy/ parses; the KEDA ScaledObject scales the worker De
 gauges the API serves; every stop of a worker (Kubernetes, systemd, Compose) waits out its drain
 (`worker.batching.drain_bound_s`); the worker asks for a GPU and runs one child on it; every
 `TFFLEET_*` variable the files set is a real setting; the Secret the pods read is the one
-deploy/README.md creates.
+deploy/README.md creates. docker-compose.yml follows the Compose Specification (its JSON schema, as
+check-jsonschema ships it: no Docker needed), every service has an image to run, and the passwords
+it uses come from .env, never from the file.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -25,6 +30,7 @@ from worker.batching import drain_bound_s
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yml"
+ENV_EXAMPLE = ROOT / ".env.example"  # what `cp .env.example .env` gives docker compose
 
 # The gauges the API serves on /metrics for autoscaling (DESIGN.md section 10), per model (label
 # `model`) and visible with zero workers. Named here as operators, Prometheus and KEDA see them on
@@ -114,6 +120,62 @@ def env_file(path: Path) -> dict[str, str]:
 
 def compose() -> dict[str, Any]:
     return dict(yaml.safe_load(COMPOSE.read_text()))
+
+
+def compose_env(service: dict[str, Any]) -> dict[str, str | None]:
+    """A Compose service's `environment`, map or list form: name -> value (None: from the shell)."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        pairs = [str(item).partition("=") for item in env]
+        return {name: value if sep else None for name, sep, value in pairs}
+    return {name: None if value is None else str(value) for name, value in env.items()}
+
+
+def strings(node: Any) -> Iterator[str]:
+    """Every string value in a parsed YAML document."""
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+# Compose's interpolation: `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:?error}`,
+# `${NAME?error}`, `${NAME:+other}`, `${NAME+other}` or `$NAME`; `$$` is a literal `$`.
+_INTERPOLATION = re.compile(
+    r"\$\{(?P<name>[A-Za-z_]\w*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}|\$(?P<bare>[A-Za-z_]\w*)"
+)
+
+
+def interpolated(value: str) -> tuple[str, list[tuple[str, str, str]]]:
+    """`value` with its i-th interpolation written `${i}` (and each `$$` dropped), and each
+    interpolation's (name, operator, argument)."""
+    found: list[tuple[str, str, str]] = []
+
+    def mark(match: re.Match[str]) -> str:
+        found.append((match["name"] or match["bare"], match["op"] or "", match["arg"] or ""))
+        return f"${{{len(found) - 1}}}"
+
+    return _INTERPOLATION.sub(mark, value.replace("$$", "")), found
+
+
+def check_compose_schema(path: Path) -> subprocess.CompletedProcess[str]:
+    """check-jsonschema on a Compose file, against the Compose Specification's JSON schema that it
+    ships (`vendor.compose-spec`): offline, exit status 0 when the file is valid. Run as a command
+    (its documented interface), with this interpreter so that the venv's copy is the one used."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "check_jsonschema"),
+            *("--builtin-schema", "vendor.compose-spec", "--color", "never", str(path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(h|min|ms|us|m|s)?")
@@ -218,8 +280,58 @@ def test_every_systemd_unit_runs_a_tffleet_command_from_the_environment_file() -
 def test_compose_waits_out_the_workers_drain_before_sigkill() -> None:
     worker = compose()["services"]["worker"]
     assert worker["command"] == ["tffleet", "worker"]
-    bound = drain_bound_s(job_timeout_s(worker["environment"]))
+    bound = drain_bound_s(job_timeout_s(compose_env(worker)))
     assert seconds(worker["stop_grace_period"]) >= bound
+
+
+# Compose
+
+
+def test_the_compose_file_follows_the_compose_specification() -> None:
+    checked = check_compose_schema(COMPOSE)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# A service's `ports` as a bare number; a misspelt top-level key; a misspelt service key.
+_BREAKAGES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "ports-as-a-number": (
+        lambda doc: doc["services"]["api"].update(ports=8000),
+        "::$.services.api.ports: ",
+    ),
+    "unknown-top-level-key": (lambda doc: doc.update(service={}), "::$: 'service' "),
+    "unknown-service-key": (
+        lambda doc: doc["services"]["worker"].update(
+            stop_grace=doc["services"]["worker"].pop("stop_grace_period")
+        ),
+        "'stop_grace' was unexpected",
+    ),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(_BREAKAGES))
+def test_the_schema_check_refuses_a_broken_copy_of_the_compose_file(
+    tmp_path: Path, breakage: str
+) -> None:
+    breaks, reported = _BREAKAGES[breakage]
+    doc = compose()
+    breaks(doc)
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(yaml.safe_dump(doc, sort_keys=False))
+    checked = check_compose_schema(broken)
+    assert checked.returncode != 0
+    # Refused for what was broken, not for anything else (a missing check_jsonschema fails too).
+    assert reported in checked.stdout, checked.stdout + checked.stderr
+
+
+def test_every_compose_service_has_an_image_to_run() -> None:
+    services = compose()["services"]
+    built = {service.get("image") for service in services.values() if "build" in service}
+    for name, service in services.items():
+        assert "image" in service or "build" in service, name
+        command = service.get("command") or []
+        if (shlex.split(command) if isinstance(command, str) else command)[:1] == ["tffleet"]:
+            # Ours is on no registry: built here, by this service or one that names the same image.
+            assert "build" in service or service["image"] in built, name
 
 
 # Autoscaling
@@ -299,7 +411,7 @@ def test_every_tffleet_variable_the_files_set_is_a_real_setting() -> None:
     names = _k8s_env_names()
     names |= set(env_file(DEPLOY / "systemd" / "tffleet.env.example"))
     for service in compose()["services"].values():
-        names |= set(service.get("environment") or {})
+        names |= set(compose_env(service))
     ours = {n for n in names if n.startswith("TFFLEET_")}
     assert {"TFFLEET_DATABASE_URL", "TFFLEET_BROKER_URL", "TFFLEET_DEVICES"} <= ours
     assert ours - SETTINGS - NOT_SETTINGS == set()
@@ -331,7 +443,52 @@ def test_every_pod_reads_the_database_and_redis_from_the_secret_the_readme_creat
             assert "TFFLEET_BROKER_URL" in refs, workload["metadata"]["name"]
 
 
-@pytest.mark.parametrize("path", sorted(DEPLOY.rglob("*.y*ml")), ids=lambda p: p.name)
+# Variables whose values are credentials, by name.
+_CREDENTIAL = re.compile(r"PASSWORD|SECRET|TOKEN|BASIC_AUTH|API_KEYS?$")
+
+
+def test_compose_writes_no_password_and_takes_each_from_a_required_variable() -> None:
+    """A credential in docker-compose.yml is a `${NAME:?...}` (or `${NAME?...}`) interpolation, the
+    whole value or a URL's password: no literal and no default, and Compose refuses to start
+    without it (rather than start PostgreSQL or Redis with an empty or a known password)."""
+    checked: set[str] = set()
+    for service_name, service in compose()["services"].items():
+        for name, value in compose_env(service).items():
+            text, found = interpolated(value or "")
+            if _CREDENTIAL.search(name):
+                secret = text
+            elif "://" in text and urlsplit(text).password is not None:
+                secret = str(urlsplit(text).password)
+            else:
+                continue
+            where = f"{service_name}: {name}={value}"
+            index = re.fullmatch(r"\$\{(\d+)\}", secret)
+            assert index, f"{where}: written in the file"
+            assert "?" in found[int(index[1])][1], f"{where}: not required (`${{NAME:?...}}`)"
+            checked.add(name)
+    assert checked >= {
+        *("POSTGRES_PASSWORD", "REDIS_PASSWORD", "TFFLEET_FLOWER_BASIC_AUTH"),
+        *("TFFLEET_DATABASE_URL", "TFFLEET_BROKER_URL"),
+    }
+
+
+def test_the_env_example_sets_what_compose_requires_and_shows_each_default() -> None:
+    """Each `${NAME:?...}` docker-compose.yml reads is set in .env.example, and each `${NAME:-x}`
+    is shown there commented out with the same default."""
+    required = env_file(ENV_EXAMPLE)
+    shown = dict(re.findall(r"(?m)^#\s*([A-Z][A-Z0-9_]*)=(.*)$", ENV_EXAMPLE.read_text()))
+    read = [ref for text in strings(compose()) for ref in interpolated(text)[1]]
+    assert read
+    for name, op, arg in read:
+        if "?" in op:
+            assert required.get(name), f"{name}: compose requires it, .env.example sets none"
+        elif "-" in op:
+            assert shown.get(name) == arg, f"{name}: .env.example shows no `# {name}={arg}`"
+        else:
+            assert name in required or name in shown, f"{name}: not in .env.example"
+
+
+@pytest.mark.parametrize("path", [*sorted(DEPLOY.rglob("*.y*ml")), COMPOSE], ids=lambda p: p.name)
 def test_no_secret_is_written_into_a_manifest(path: Path) -> None:
     text = path.read_text()
     assert not re.search(r"(postgres(ql)?|redis)://[^\s\"']*:[^@\s\"'$]+@", text), path
