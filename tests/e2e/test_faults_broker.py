@@ -25,8 +25,9 @@ from sqlalchemy import func, select
 from db import jobs
 from db.engine import make_engine, make_sessionmaker
 from db.models import Job
-from tests.e2e.conftest import Fleet, PrivateRedis, clean_database
+from tests.e2e.conftest import Fleet, clean_database
 from tests.e2e.models import build_mlp
+from tests.services import PrivateRedis
 from tffleet import tensors
 from tffleet.broker import RUN_BATCH_TASK, make_celery, queue_for, queue_lists
 from tffleet.settings import Settings

@@ -32,8 +32,9 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_stops_everything(
-    tmp_path: Path,
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_or_sigterm_stops_all(
+    tmp_path: Path, stop: signal.Signals
 ) -> None:
     port = free_port()
     out = tmp_path / "up.log"
@@ -96,10 +97,10 @@ def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_stops_ev
         )  # fmt: skip
         assert polled.stdout.strip() == "succeeded", polled.stderr
     finally:
-        up.send_signal(signal.SIGINT)
+        up.send_signal(stop)
         code = up.wait(timeout=60)
     assert code == 0, out.read_text(errors="replace")[-3000:]
     assert not (tmp_path / ".tffleet" / "fleet.env").exists()
     assert started, "tffleet up started no processes?"
     leftovers = [pid for pid in started if Path(f"/proc/{pid}").exists()]
-    assert leftovers == [], f"processes left running after Ctrl-C: {leftovers}"
+    assert leftovers == [], f"processes left running after {stop.name}: {leftovers}"
