@@ -128,3 +128,11 @@ def test_cpu_threads_are_split_between_children_and_never_zero() -> None:
 
 def test_device_prints_as_kind_and_index() -> None:
     assert str(Device("gpu", 1)) == "gpu:1"
+
+
+def test_a_cpu_child_leaves_out_tensorflows_gpu_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """So TensorFlow never probes CUDA there (an `E0000 ... failed call to cuInit` line on a host
+    without an NVIDIA driver), and a GPU child still gets every device type."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert pin_environment(Device("cpu", 0), cpu_threads=1)["TF_ENABLED_DEVICE_TYPES"] == "CPU"
+    assert "TF_ENABLED_DEVICE_TYPES" not in pin_environment(Device("gpu", 0), cpu_threads=1)

@@ -77,6 +77,13 @@ def parse_devices(spec: str) -> list[Device]:
     return [Device("gpu", int(p)) for p in parts]
 
 
+# TensorFlow with CUDA support probes for a GPU on its first use and logs a failed probe as an
+# error (`E0000 ... failed call to cuInit: ... (303)` where no NVIDIA driver is installed), which
+# CUDA_VISIBLE_DEVICES=-1 does not prevent. Leaving out its GPU device factories skips the probe,
+# so nothing touches CUDA where no GPU is wanted; real errors are logged as before.
+CPU_ONLY_ENVIRONMENT = {"CUDA_VISIBLE_DEVICES": "-1", "TF_ENABLED_DEVICE_TYPES": "CPU"}
+
+
 def pin_environment(device: Device, *, cpu_threads: int) -> dict[str, str]:
     """The environment a child sets before importing TensorFlow, so it sees only its device.
 
@@ -104,6 +111,8 @@ def pin_environment(device: Device, *, cpu_threads: int) -> dict[str, str]:
         "TF_FORCE_GPU_ALLOW_GROWTH": "true",
         "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
     }
+    if device.kind == "cpu":
+        env.update(CPU_ONLY_ENVIRONMENT)
     return env
 
 

@@ -3,6 +3,8 @@ the model is loaded only once the path checks out; tests/e2e/test_versions.py lo
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import presence, registry
 from db.clock import utcnow
 from db.models import PresenceState
-from tffleet.cli import main
+from tffleet import devices
+from tffleet.cli import main, models
+from tffleet.devices import CPU_ONLY_ENVIRONMENT
 
 
 @pytest.mark.parametrize(
@@ -84,3 +88,19 @@ def test_list_shows_each_version_its_status_and_workers_and_the_load_errors(
         "mlp", "2", "saved_model", "serving,", "latest", "0", "0", "h", "cpu:0", "loaded",
     ]  # fmt: skip
     assert lines[-1] == "  mlp:3 on h cpu:0 (/m/mlp/3): OSError: no"
+
+
+@pytest.mark.parametrize(("gpus", "skipped"), [(0, True), (2, False)])
+def test_register_skips_the_cuda_probe_on_a_host_without_gpus(
+    monkeypatch: pytest.MonkeyPatch, gpus: int, skipped: bool
+) -> None:
+    for name in CPU_ONLY_ENVIRONMENT:  # set, then unset: the test's end puts them back
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    monkeypatch.setattr(devices, "count_host_gpus", lambda: gpus)
+
+    models._without_gpus_skip_the_cuda_probe()
+
+    expected = CPU_ONLY_ENVIRONMENT if skipped else {}
+    assert {k: os.environ[k] for k in CPU_ONLY_ENVIRONMENT if k in os.environ} == expected

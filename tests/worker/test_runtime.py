@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import jobs
 from db.models import JobStatus
 from tffleet import tensors
+from tffleet.devices import Device, pin_environment
 from worker.batching import Batcher, BatchPolicy
 from worker.repository import ModelConfig, ModelSpec
 
@@ -203,3 +206,41 @@ def test_batching_keeps_several_inputs_of_each_job_together(
     for job_id, (a, b) in zip(ids, pairs, strict=True):
         expected = np.asarray(two_input_model.model([a, b]))
         np.testing.assert_allclose(outputs_of(sessions, job_id)[name], expected, rtol=1e-5)
+
+
+def _without_tensorflow_device_settings() -> dict[str, str]:
+    """This process's environment, less what would pick TensorFlow's devices for it."""
+    chosen = ("CUDA_VISIBLE_DEVICES", "TF_ENABLED_DEVICE_TYPES")
+    return {k: v for k, v in os.environ.items() if k not in chosen}
+
+
+def test_a_cpu_child_runs_tensorflow_without_probing_cuda() -> None:
+    """No `failed call to cuInit` error where no NVIDIA driver is installed: TensorFlow never
+    touches CUDA in a child pinned to a CPU slot, whatever the host has."""
+    env = {
+        **_without_tensorflow_device_settings(),
+        **pin_environment(Device("cpu", 0), cpu_threads=1),
+    }
+    code = (
+        "from worker import runtime; import tensorflow as tf; "
+        "print([d.device_type for d in tf.config.list_physical_devices()], int(tf.constant(1) + 1))"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["['CPU']", "2"]
+    assert "cuInit" not in ran.stderr
+
+
+def test_the_example_model_is_built_without_probing_cuda(tmp_path: Path) -> None:
+    """What `tffleet up` runs first on an empty repository."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "worker.example", str(tmp_path)],
+        env=_without_tensorflow_device_settings(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    assert ran.returncode == 0, ran.stderr
+    assert (tmp_path / "example" / "1" / "saved_model.pb").exists()
+    assert "cuInit" not in ran.stderr

@@ -6,6 +6,7 @@ Exit status: 0 done; 1 the database failed, or no worker heard a reload; 2 a bad
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -98,6 +99,7 @@ def cmd_register(args: argparse.Namespace) -> int:
                 f"{path}: no model in it (a SavedModel's saved_model.pb, one .keras file, or a "
                 f"frozen graph's model.pb)"
             )
+        _without_gpus_skip_the_cuda_probe()
         from worker import runtime  # TensorFlow: this process is not a Celery worker
 
         spec = ModelSpec(name, version, path.resolve(), fmt, config)
@@ -130,6 +132,17 @@ def cmd_register(args: argparse.Namespace) -> int:
         f"{_signature(runner.inputs)}, outputs {_signature(runner.outputs)}"
     )
     return 0
+
+
+def _without_gpus_skip_the_cuda_probe() -> None:
+    """On a host without GPUs, keep TensorFlow from probing CUDA (and logging the failed probe
+    as an error) when it loads the model: set before it is first imported."""
+    from tffleet.devices import CPU_ONLY_ENVIRONMENT, count_host_gpus
+
+    if "tensorflow" in sys.modules or count_host_gpus():
+        return
+    for name, value in CPU_ONLY_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
 
 
 def _signature(tensors: dict[str, dict[str, Any]]) -> str:
