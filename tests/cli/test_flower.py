@@ -67,3 +67,15 @@ def test_flower_refuses_to_start_without_a_password(
 
     assert main(["flower"]) == 2
     assert "TFFLEET_FLOWER_BASIC_AUTH" in capsys.readouterr().err
+
+
+def test_flower_missing_names_the_package_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TFFLEET_FLOWER_BASIC_AUTH", "ops:s3cret-for-the-test")
+    monkeypatch.setitem(sys.modules, "flower", None)  # importlib finds no `flower` package
+
+    assert main(["flower"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'flower>=2.0'" in err
+    assert "No such command" not in err

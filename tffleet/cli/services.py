@@ -7,6 +7,7 @@ process runs lives in its own package (`api/`, `worker/`, `db/`); these commands
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import sys
@@ -179,6 +180,15 @@ def _runs_on(model_dir: Path, devices: Sequence[Device]) -> bool:
 
 
 def cmd_flower(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("flower") is None:
+        # Celery would only answer "No such command 'flower'".
+        print(
+            f"tffleet: Flower is not installed in this environment ({sys.prefix}); it comes with "
+            f"tffleet, so reinstall tffleet there, or install the `flower` package: "
+            f"{sys.executable} -m pip install 'flower>=2.0'",
+            file=sys.stderr,
+        )
+        return 2
     auth = os.environ.get("TFFLEET_FLOWER_BASIC_AUTH")
     argv = [
         sys.executable, "-m", "celery", "-A", "worker.app", "flower",
