@@ -15,6 +15,7 @@ $(BIN)/tffleet: pyproject.toml
 	touch $@
 
 run: $(BIN)/tffleet
+	@echo 'tffleet: to run its commands by name in another terminal: export PATH="$(abspath $(BIN)):$$PATH"'
 	$(BIN)/tffleet up
 
 test: $(BIN)/tffleet
