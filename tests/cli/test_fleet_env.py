@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tffleet.cli.up import _reachable
 from tffleet.fleet_env import FLEET_ENV, running_fleet_env
 
 
@@ -32,3 +35,13 @@ def test_a_file_left_by_an_up_that_was_killed_is_ignored(tmp_path: Path) -> None
 
     assert running_fleet_env(tmp_path / ".tffleet") == {}
     assert running_fleet_env(tmp_path / "nothing-here") == {}
+
+
+@pytest.mark.parametrize(
+    ("bound", "reached"),
+    [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1"), ("::", "[::1]"), ("::1", "[::1]")],
+)
+def test_the_url_other_commands_use_reaches_the_api_where_it_is_bound(
+    bound: str, reached: str
+) -> None:
+    assert _reachable(bound) == reached

