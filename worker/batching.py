@@ -268,6 +268,8 @@ class Batcher:
                 ran = self._forward(task, batch)
                 writes.submit(self._write, task, ran)
                 following, pending = pending.result(), None
+                if following.batch is not None and self.draining():
+                    following = self._put_back(task, named, following)
             writes.wait()
         except BaseException:
             self._abandon(task, writes, pending)
@@ -505,6 +507,22 @@ class Batcher:
         metrics.JOBS_FINISHED.labels(model, "failed").inc(len(leases))
         self.notify([lease.job_id for lease in leases])
         return BatchReport(claimed=len(leases), failed=len(leases), written=len(leases))
+
+    def _put_back(self, task: _Task, named: Sequence[str], following: _Next) -> _Next:
+        """The worker began shutting down while the feeder claimed the next batch: that batch
+        does not start. Its jobs go back to the queue (claimed once, they run alone later, as any
+        job handed back does); the named ones are left to other workers with the rest, the
+        others woken here."""
+        assert following.batch is not None
+        leases = following.batch.leases
+        self._heartbeat.drop(leases)
+        with self.sessions.begin() as session:
+            jobs.release(session=session, leases=leases)
+        keep = set(named)
+        unnamed = [lease.job_id for lease in leases if lease.job_id not in keep]
+        if unnamed:
+            self.wake(task.model, task.version, unnamed)
+        return _Next(batch=None, fresh=following.fresh, retried=following.retried, draining=True)
 
     def _leave(self, model: str, version: int, named: Sequence[str]) -> None:
         """Shutting down: leave the named jobs still queued to other workers, with a wake-up

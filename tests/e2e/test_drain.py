@@ -109,13 +109,27 @@ def test_a_task_that_starts_after_shutdown_began_claims_nothing_and_wakes_its_jo
     assert sorted(woken.ids) == sorted(ids)  # for another worker: this message is acknowledged
 
 
+def _running(sessions: sessionmaker[Session], ids: list[str]) -> int:
+    return statuses(sessions, ids).count(JobStatus.RUNNING)
+
+
+@pytest.mark.parametrize("when", ["at-once", "after-the-next-claim"])
 def test_shutdown_that_begins_mid_message_ends_the_task_after_the_batch_it_holds(
-    sessions: sessionmaker[Session],
+    sessions: sessionmaker[Session], when: str
 ) -> None:
     # One message names 10 one-sample jobs: 5 batches of 2, and more allowed (MAX_EXTRA_BATCHES).
+    # The shutdown begins during the first forward pass: before the feeder claims the next batch,
+    # or once it has (then that batch does not start: its jobs go back to the queue).
     ids = submit_ones(sessions, 10)
     draining = threading.Event()
-    woken, runner = Woken(), Doubler(during_run=draining.set)
+
+    def begin() -> None:
+        deadline = time.monotonic() + 10
+        while when != "at-once" and _running(sessions, ids) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        draining.set()
+
+    woken, runner = Woken(), Doubler(during_run=begin)
 
     report = batcher(sessions, draining.is_set, woken).run(
         model="m", version=1, job_ids=ids, runner=runner, policy=POLICY
