@@ -104,6 +104,10 @@ class JobOut(BaseModel):
         default=False,
         description="Answered from the response cache: a job with equal inputs had succeeded.",
     )
+    deadline_at: datetime | None = Field(
+        default=None,
+        description="Its `Cancel-After`: not ended by then, it is canceled (error `deadline`).",
+    )
 
 
 class ErrorDetail(BaseModel):
@@ -125,7 +129,9 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         401: "No API key, or an unknown or revoked one.",
         403: "A route for admin keys, called with a tenant's key.",
         404: "Unknown model, version or job.",
-        409: "The job already finished, or an Idempotency-Key was reused with another body.",
+        409: "The job already finished (or has not: retry, delete), or an Idempotency-Key was "
+        "reused with another body.",
+        410: "The job's inputs are no longer stored.",
         413: "Body over the size limit.",
         415: "Body not application/json.",
         422: "Inputs or parameters that do not fit.",
@@ -235,6 +241,7 @@ def job_out(
         "worker": job.worker,
         "progress": _progress(job),
         "cached": bool(getattr(job, "cached", False)),
+        "deadline_at": iso_utc(job.deadline_at),
     }
 
 

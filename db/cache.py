@@ -74,6 +74,14 @@ def remember(*, session: Session, entries: Iterable[tuple[str, bytes]], now: dat
     )
 
 
+def forget(*, session: Session, keys: Sequence[str]) -> int:
+    """Delete the entries of these keys (a job deleted by its client takes its outputs along)."""
+    if not keys:
+        return 0
+    result = session.execute(delete(_cache).where(_cache.c.key.in_(list(keys))))
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
 def purge(*, session: Session, older_than: datetime, max_bytes: int, limit: int) -> int:
     """Delete at most `limit` entries: those stored before `older_than`, then the oldest while
     all of them hold more than `max_bytes`. Returns how many."""

@@ -8,8 +8,10 @@
                  │                   │ │  take_back_from               │
                  │                   │ └───────────────────────────────┘
                  └──────cancel───────┴────────cancel─────▶ canceled
+                 └──claim, cancel_overdue (deadline)──┴───────▶ canceled
 
-    succeeded, failed, canceled ──purge_finished (past their retention)──▶ deleted
+    failed, canceled ──retry──▶ queued
+    succeeded, failed, canceled ──purge_finished (past their retention), delete──▶ deleted
 
 - create: `queued` rows, committed before any wake-up is published (Create).
 - claim: a compare-and-set, queued -> running, that records a lease (owner, attempt, expiry)
@@ -18,7 +20,11 @@
 - complete, fail, release: write only where the lease still matches (owner and attempt), so a
   stale or duplicate worker cannot overwrite a result; `fail` ends it with a `JobErrorCode`,
   `release` hands it back to the queue after a fault that is not the job's (End).
-- cancel: any unfinished job; a running job's late result is then fenced out (Cancel).
+- cancel: any unfinished job; a running job's late result is then fenced out (Cancel). A job
+  with a deadline (`Cancel-After`) that has not ended by then is canceled the same way, with
+  error `deadline`: by the claim that would start it, or by the sweeper (`cancel_overdue`).
+- retry: a failed or canceled job runs again under its id, with a fresh attempt budget; delete:
+  an ended job goes now, inputs, outputs and all (Retry and delete).
 - expire_leases: the sweeper takes back jobs whose lease ran out: `queued` again, or `failed`
   (`worker_lost`) once they used their attempt budget; take_back_from does the same at once for
   a child its worker saw die; stale_queued and mark_published find and record lost wake-ups
@@ -48,10 +54,12 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
+    case,
     delete,
     exists,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -74,9 +82,12 @@ from db.models import (
 )
 from tffleet.errors import (
     IdempotencyKeyReused,
+    InputsGone,
     InvalidRequest,
     JobAlreadyFinished,
+    JobNotEnded,
     JobNotFound,
+    JobNotRetryable,
     ServiceUnavailable,
     TffleetError,
 )
@@ -104,6 +115,8 @@ class NewJob:
     tenant: str = DEFAULT_TENANT
     # Its key in the response cache, for a model with `cache = true` (db/cache.py).
     cache_key: str | None = None
+    # `Cancel-After`: not ended this many seconds after it is stored, it is canceled.
+    cancel_after_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +145,7 @@ class Lease:
     started_at: datetime | None = None  # as stored by the claim
     parent_id: str | None = None  # the split job this is a part of (db/parts.py)
     cache_key: str | None = None  # its outputs go to the response cache (db/cache.py)
+    deadline_at: datetime | None = None  # as stored (`Cancel-After`), for its announcement
 
 
 _QUEUED = _jobs.c.status == JobStatus.QUEUED.value
@@ -142,6 +156,9 @@ _UNFINISHED = _jobs.c.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.valu
 
 
 _ENDED_ON_ITS_OWN = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value})
+
+# What a job that ended without success may do: run again (`retry`).
+_RETRYABLE = (JobStatus.FAILED.value, JobStatus.CANCELED.value)
 
 
 # ─── Create ───────────────────────────────────────────────────────────────────────────────────────
@@ -287,7 +304,12 @@ def _row(job: NewJob, now: datetime) -> dict[str, Any]:
         "ttl_s": job.ttl_s,
         "created_at": now,
         "cache_key": job.cache_key,
+        "deadline_at": _deadline(now, job.cancel_after_s),
     }
+
+
+def _deadline(now: datetime, cancel_after_s: float | None) -> datetime | None:
+    return None if cancel_after_s is None else now + timedelta(seconds=cancel_after_s)
 
 
 def _insert_unless_key_taken(session: Session) -> Any:
@@ -309,7 +331,7 @@ def _claim_statement(*, fresh_only: bool) -> Update:
     claimed) move, so of two racing claimers exactly one wins each job (PostgreSQL re-checks
     the WHERE after a concurrent update; SQLite serializes writers). Built once: building a
     statement costs more than running it."""
-    where = [_jobs.c.id.in_(bindparam("c_ids", expanding=True)), _QUEUED]
+    where = [_jobs.c.id.in_(bindparam("c_ids", expanding=True)), _QUEUED, _BEFORE_DEADLINE]
     if fresh_only:
         where.append(_NEVER_CLAIMED)
     return (
@@ -331,8 +353,13 @@ def _claim_statement(*, fresh_only: bool) -> Update:
             _jobs.c.created_at,
             _jobs.c.parent_id,
             _jobs.c.cache_key,
+            _jobs.c.deadline_at,
         )
     )
+
+
+# A claim never starts a job past its deadline: `_claim_ids` cancels it instead.
+_BEFORE_DEADLINE = or_(_jobs.c.deadline_at.is_(None), _jobs.c.deadline_at > bindparam("c_now"))
 
 
 _SELECT_INPUTS = select(_inputs.c.job_id, _inputs.c.data).where(
@@ -362,6 +389,11 @@ def _claim_ids(
             "c_now": now,
         },
     ).all()
+    if len(rows) < len(job_ids):  # taken by another claimer, ended, or past its deadline
+        claimed = {row.id for row in rows}
+        cancel_overdue(
+            session=session, now=now, among=[i for i in job_ids if i not in claimed], queued=True
+        )
     inputs: dict[str, bytes] = (
         dict(session.execute(_SELECT_INPUTS, {"c_ids": [row.id for row in rows]}).all())
         if rows
@@ -379,6 +411,7 @@ def _claim_ids(
             started_at=now,
             parent_id=row.parent_id,
             cache_key=row.cache_key,
+            deadline_at=row.deadline_at,
         )
         for row in rows
     ]
@@ -687,6 +720,130 @@ def cancel(*, session: Session, job_id: str, tenant: str | None = None) -> Job:
     return job
 
 
+def cancel_overdue(
+    *,
+    session: Session,
+    now: datetime | None = None,
+    among: Sequence[str] | None = None,
+    queued: bool = False,
+    limit: int = 1000,
+) -> list[str]:
+    """Cancel unfinished jobs past their deadline (`Cancel-After`), error `deadline`; returns
+    their ids. At most `limit`, only those `among` the given ids (if given), only queued ones
+    with `queued` (the claim's call: it never starts one). As `cancel` does: a running job's
+    lease is cleared, so its late result matches no fence, and a split job's parts go."""
+    now = now or clock.now(session)
+    overdue = [_QUEUED if queued else _UNFINISHED, _jobs.c.deadline_at <= now]
+    if among is not None:
+        overdue.append(_jobs.c.id.in_(list(among)))
+    # Locked in id order, skipping rows a worker is writing now, as `_take_back` does.
+    ids = list(
+        session.scalars(
+            select(_jobs.c.id)
+            .where(*overdue)
+            .order_by(_jobs.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+    )
+    if not ids:
+        return []
+    running = _jobs.c.status == JobStatus.RUNNING.value
+    canceled = session.scalars(
+        update(_jobs)
+        .where(_jobs.c.id.in_(ids), *overdue)
+        .values(
+            status=JobStatus.CANCELED.value,
+            error_code=JobErrorCode.DEADLINE.value,
+            error_message=case(
+                (running, "canceled while running: not ended by its deadline (Cancel-After)"),
+                else_="canceled before it ran: not started by its deadline (Cancel-After)",
+            ),
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+        .returning(_jobs.c.id)
+    ).all()
+    if canceled:
+        session.execute(delete(_jobs).where(_jobs.c.parent_id.in_(canceled)))
+    return sorted(canceled)
+
+
+# ─── Retry and delete ─────────────────────────────────────────────────────────────────────────────
+
+
+def retry(
+    *, session: Session, job_id: str, tenant: str | None = None, cancel_after_s: float | None = None
+) -> Job:
+    """Queue a failed or canceled job (of `tenant`, unless None) again under its id: its error,
+    outputs, lease and split parts cleared, a fresh attempt budget, a new deadline (or none).
+
+    `attempts` goes on counting (the job's history, and the fence: a late result of an earlier
+    run carries an older attempt number and matches nothing). The caller publishes its wake-up.
+    """
+    job = get(session=session, job_id=job_id, tenant=tenant)
+    if job.parent_id is not None:
+        raise JobNotRetryable(f"job {job_id!r} is a part of job {job.parent_id!r}; retry that")
+    if job.status not in _RETRYABLE:
+        raise JobNotRetryable(_not_retryable(job_id, job.status))
+    if session.scalar(select(_inputs.c.job_id).where(_inputs.c.job_id == job_id)) is None:
+        raise InputsGone(
+            f"job {job_id!r}: its inputs are no longer stored (a job split into parts before "
+            "tffleet kept them), so it cannot run again; submit it anew"
+        )
+    now = clock.now(session)
+    result = session.execute(
+        update(_jobs)
+        .where(_jobs.c.id == job_id, _jobs.c.status.in_(_RETRYABLE))
+        .values(
+            status=JobStatus.QUEUED.value,
+            error_code=None,
+            error_message=None,
+            outputs=None,
+            lease_owner=None,
+            lease_expires_at=None,
+            worker=None,
+            started_at=None,
+            finished_at=None,
+            expires_at=None,  # stamped again once it ends (`stamp_expiry`)
+            published_at=now,  # the caller's wake-up: not stale before TFFLEET_REPUBLISH_AFTER_S
+            budget_from=_jobs.c.attempts,
+            parts=None,
+            samples_done=None,
+            deadline_at=_deadline(now, cancel_after_s),
+        )
+    )
+    if not result.rowcount:  # type: ignore[attr-defined]
+        job = get(session=session, job_id=job_id, tenant=tenant)  # retried by another request
+        raise JobNotRetryable(_not_retryable(job_id, job.status))
+    # A split job runs whole again: the parts of its last run go (their inputs with them).
+    session.execute(delete(_jobs).where(_jobs.c.parent_id == job_id))
+    return get(session=session, job_id=job_id, tenant=tenant)
+
+
+def _not_retryable(job_id: str, status: str) -> str:
+    return f"job {job_id!r} is {status}: only a failed or canceled job can be retried"
+
+
+def remove(*, session: Session, job_id: str, tenant: str | None = None) -> None:
+    """Delete an ended job (of `tenant`, unless None) now: its row, inputs, outputs, parts, and
+    its outputs in the response cache. A queued or running job must be canceled first, so a
+    job is never deleted under a worker that runs it, nor one whose client awaits it."""
+    job = get(session=session, job_id=job_id, tenant=tenant)
+    ended = [status.value for status in FINISHED]
+    # Its parts (and every row's inputs) go with it: ON DELETE CASCADE.
+    result = session.execute(delete(_jobs).where(_jobs.c.id == job_id, _jobs.c.status.in_(ended)))
+    if not result.rowcount:  # type: ignore[attr-defined]
+        job = get(session=session, job_id=job_id, tenant=tenant)
+        raise JobNotEnded(
+            f"job {job_id!r} is {job.status}: cancel it first (POST /v1/jobs/{job_id}/cancel), "
+            "then delete it"
+        )
+    if job.cache_key:
+        cache.forget(session=session, keys=[job.cache_key])
+
+
 # ─── Sweep ────────────────────────────────────────────────────────────────────────────────────────
 # The sweeper's side of the state machine: leases whose worker vanished, wake-ups that were lost,
 # results past their retention.
@@ -753,10 +910,12 @@ def _take_back(
     lost: str,
 ) -> TakenBack:
     held = (_jobs.c.status == JobStatus.RUNNING.value, *lost_lease)
+    # Claims since a client last retried the job (`retry`); `attempts` alone, if never.
+    used = _jobs.c.attempts - _jobs.c.budget_from
     # Lock in id order (as `_fenced_update` does) and skip rows a worker is writing right now:
     # they no longer qualify once it commits, or are picked up by the next call.
     rows = session.execute(
-        select(_jobs.c.id, _jobs.c.attempts)
+        select(_jobs.c.id, used.label("used"))
         .where(*held)
         .order_by(_jobs.c.id)
         .limit(limit)
@@ -766,11 +925,11 @@ def _take_back(
         return TakenBack(requeued={}, failed=[])
     cleared = {"lease_owner": None, "lease_expires_at": None}
     failed: list[str] = []
-    for attempts in sorted({row.attempts for row in rows if row.attempts >= max_attempts}):
-        ids = [row.id for row in rows if row.attempts == attempts]
+    for attempts in sorted({row.used for row in rows if row.used >= max_attempts}):
+        ids = [row.id for row in rows if row.used == attempts]
         failed += session.scalars(
             update(_jobs)
-            .where(_jobs.c.id.in_(ids), _jobs.c.attempts == attempts, *held)
+            .where(_jobs.c.id.in_(ids), used == attempts, *held)
             .values(
                 status=JobStatus.FAILED.value,
                 error_code=JobErrorCode.WORKER_LOST.value,
@@ -782,12 +941,12 @@ def _take_back(
             )
             .returning(_jobs.c.id)
         ).all()
-    retry = [row.id for row in rows if row.attempts < max_attempts]
+    again = [row.id for row in rows if row.used < max_attempts]
     requeued: JobGroups = {}
-    if retry:
+    if again:
         moved = session.execute(
             update(_jobs)
-            .where(_jobs.c.id.in_(retry), _jobs.c.attempts < max_attempts, *held)
+            .where(_jobs.c.id.in_(again), used < max_attempts, *held)
             .values(status=JobStatus.QUEUED.value, **cleared)
             .returning(_jobs.c.id, _jobs.c.model, _jobs.c.version)
         ).all()

@@ -49,7 +49,7 @@ class JobStatus(enum.StrEnum):
     RUNNING = "running"  # claimed by a worker under a lease
     SUCCEEDED = "succeeded"  # outputs written under the lease
     FAILED = "failed"  # ended with an error code; never retried again
-    CANCELED = "canceled"  # canceled by a client; a late result is discarded
+    CANCELED = "canceled"  # canceled by a client, or past its deadline; a late result is discarded
 
     @property
     def finished(self) -> bool:
@@ -66,6 +66,9 @@ class JobErrorCode(enum.StrEnum):
     MODEL_ERROR = "model_error"  # its forward pass raised, or its version cannot be loaded
     TIMEOUT = "timeout"  # it ran alone past the model's time limit
     WORKER_LOST = "worker_lost"  # every attempt's lease expired without a result
+    # Not a failure: the error of a job `canceled` because it had not ended by its deadline
+    # (`Cancel-After` at submit).
+    DEADLINE = "deadline"
 
 
 # The tenant of jobs stored before tenants existed, and of every request while auth is off.
@@ -162,6 +165,13 @@ class Job(Base):
     # answered from there, without a forward pass (db/cache.py).
     cache_key: Mapped[str | None] = mapped_column(String(64))
     cached: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # `Cancel-After` at submit (or retry): not ended by then, it is canceled (error `deadline`),
+    # by the claim that would start it or by the sweeper.
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # `attempts` when a client last retried the job (POST /v1/jobs/{id}/retry): `attempts` keeps
+    # counting every claim of its life (a late result of an earlier run must never match a
+    # lease again), while its attempt budget (TFFLEET_MAX_ATTEMPTS) counts the claims since.
+    budget_from: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
@@ -174,6 +184,8 @@ class Job(Base):
         Index("ix_jobs_finished_at", "finished_at"),
         Index("ix_jobs_expires_at", "expires_at"),
         Index("ix_jobs_parent_id", "parent_id"),
+        # The sweeper's deadlines: unfinished jobs past theirs.
+        Index("ix_jobs_deadline", "status", "deadline_at"),
     )
 
 

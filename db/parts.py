@@ -100,8 +100,8 @@ def split(
             for part, s in zip(ids, starts, strict=True)
         ],
     )
-    # Its parts hold the inputs now.
-    session.execute(delete(_inputs).where(_inputs.c.job_id == lease.job_id))
+    # The job keeps its own inputs too, a copy while its parts run: a client may retry it once
+    # it failed or was canceled, and it then runs whole (db.jobs.retry).
     return ids
 
 

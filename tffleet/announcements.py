@@ -46,6 +46,7 @@ class EndedJob:
     worker: str
     outputs: bytes
     status: str = "succeeded"
+    deadline_at: datetime | None = None  # its `Cancel-After`, as stored
     error_code: None = None
     error_message: None = None
 
@@ -61,6 +62,7 @@ class EndedJob:
             "attempts": self.attempts,
             "worker": self.worker,
             "outputs": pybase64.b64encode(self.outputs).decode("ascii"),
+            "deadline_at": _iso(self.deadline_at),
         }
 
     @classmethod
@@ -76,6 +78,7 @@ class EndedJob:
             attempts=item["attempts"],
             worker=item["worker"],
             outputs=pybase64.b64decode(item["outputs"]),
+            deadline_at=_parse(item.get("deadline_at")),  # absent from an older worker's
         )
 
 

@@ -9,7 +9,11 @@
     │   └── JobNotFound             unknown job id
     ├── Conflict                409
     │   ├── JobAlreadyFinished      cancel of a job that already ended
+    │   ├── JobNotRetryable         retry of a job that is queued, running or succeeded
+    │   ├── JobNotEnded             delete of a job that is queued or running
     │   └── IdempotencyKeyReused    an Idempotency-Key sent again with a different request
+    ├── Gone                    410
+    │   └── InputsGone              retry of a job whose inputs are no longer stored
     ├── PayloadTooLarge         413
     ├── UnsupportedMediaType    415
     ├── InvalidInput            422  inputs that do not fit the model's signature
@@ -73,8 +77,25 @@ class JobAlreadyFinished(Conflict):
     code = "job_finished"
 
 
+class JobNotRetryable(Conflict):
+    code = "not_retryable"
+
+
+class JobNotEnded(Conflict):
+    code = "job_not_ended"
+
+
 class IdempotencyKeyReused(Conflict):
     code = "idempotency_key_reused"
+
+
+class Gone(TffleetError):
+    status_code = 410
+    code = "gone"
+
+
+class InputsGone(Gone):
+    code = "inputs_gone"
 
 
 class PayloadTooLarge(TffleetError):

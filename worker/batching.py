@@ -437,6 +437,7 @@ class Batcher:
                     attempts=lease.attempt,
                     worker=self._worker or lease.owner,
                     outputs=outputs,
+                    deadline_at=lease.deadline_at,
                 )
             )
         self.notify([*ended, *joined])

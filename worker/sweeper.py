@@ -8,7 +8,9 @@ Each sweep
 3. deletes finished jobs older than `result_ttl_s`, and the model reports of worker children
    that died (db.presence);
 4. deletes response cache entries older than `cache_ttl_s`, then the oldest while all of them
-   hold more than `cache_max_bytes` (db.cache).
+   hold more than `cache_max_bytes` (db.cache);
+5. cancels queued and running jobs past their deadline (`Cancel-After`), first of all: a claim
+   never starts one, but a queued job no worker claims, or a running one, needs the sweeper.
 
 Only jobs of versions that some live worker child holds are published again: the others stay
 queued, without a pile of wake-ups in their queue, until a child loads their version (it wakes
@@ -79,6 +81,7 @@ class SweepReport:
     messages: int = 0
     publish_failures: int = 0  # messages the broker did not take; their jobs stay stale
     purged: int = 0  # finished jobs deleted
+    deadline: int = 0  # queued or running jobs canceled past their deadline (`Cancel-After`)
     cache_purged: int = 0  # response cache entries deleted: past their age, or over the bound
 
     def as_dict(self) -> dict[str, int]:
@@ -191,7 +194,8 @@ class Sweeper:
         if report:
             log.info(
                 "sweep: requeued %d, worker_lost %d, republished %d jobs in %d messages "
-                "(%d messages failed), purged %d, cache entries purged %d",
+                "(%d messages failed), purged %d, cache entries purged %d, canceled past their "
+                "deadline %d",
                 report.requeued,
                 report.worker_lost,
                 report.republished,
@@ -199,6 +203,7 @@ class Sweeper:
                 report.publish_failures,
                 report.purged,
                 report.cache_purged,
+                report.deadline,
             )
 
     # One sweep
@@ -206,6 +211,7 @@ class Sweeper:
     def sweep_once(self) -> SweepReport:
         """One sweep. It does not check the lock: `run` calls it only while this sweeper leads."""
         report = SweepReport()
+        self._cancel_overdue(report)  # before leases: a job past its deadline runs no more
         self._expire_leases(report)
         self._settle_split_jobs()
         if not report.publish_failures:  # the broker is away: leave the rest for the next sweep
@@ -237,6 +243,21 @@ class Sweeper:
             # Committed first: if this publish is lost, the jobs are stale and step 2 finds them.
             self._publish(expired.requeued, report, retry=True)
             if expired.count < CHUNK_JOBS:
+                return
+
+    def _cancel_overdue(self, report: SweepReport) -> None:
+        """Cancel queued and running jobs past their deadline (error `deadline`)."""
+        for _ in range(MAX_CHUNKS):
+            with self._sessions.begin() as session:
+                canceled = jobs.cancel_overdue(
+                    session=session, now=self._clock(session), limit=CHUNK_JOBS
+                )
+            report.deadline += len(canceled)
+            SWEPT.labels(JobErrorCode.DEADLINE.value).inc(len(canceled))
+            if canceled:
+                log.info("%d jobs canceled past their deadline: %s", len(canceled), canceled)
+                self._notify_done(canceled)
+            if len(canceled) < CHUNK_JOBS:
                 return
 
     def _settle_split_jobs(self) -> None:

@@ -1,4 +1,4 @@
-"""Submit (one or many), poll (with long-poll), bulk status, cancel and list jobs."""
+"""Submit (one or many), poll (with long-poll), bulk status, cancel, retry, delete and list jobs."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from api.body import read_json
+from api.deadlines import cancel_after_s
 from api.ingest import BLOB, job_view
-from api.metrics import SUBMIT_SECONDS
+from api.metrics import PUBLISH_FAILURES, SUBMIT_SECONDS
 from api.schemas import (
     JOB_ID_MAX_LENGTH,
     JobBatchCreate,
@@ -37,7 +38,7 @@ from api.schemas import (
 )
 from api.state import AppState, StateDep, get_state
 from api.validation import read_binary, validate_inputs
-from db import cache, jobs
+from db import cache, jobs, standing
 from db.models import FINISHED, JobStatus
 from db.tenants import Caller, Limits
 from tffleet import tensors
@@ -97,6 +98,14 @@ _BINARY_PARAMETERS = [
         ("ttl_s", {"type": "integer", "minimum": 1}, "keep the job this long after it ends."),
     )
 ]
+_CANCEL_AFTER_PARAMETER = {
+    "name": "Cancel-After",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "maxLength": 40, "examples": ["30", "1.5", "90s", "1h30m"]},
+    "description": "Cancel each job not ended this long after it is stored (error `deadline`): "
+    "seconds, or a Go-style duration.",
+}
 
 
 @router.post(
@@ -116,6 +125,7 @@ _BINARY_PARAMETERS = [
                 "schema": {"type": "string", "maxLength": 128},
                 "description": "The same key and body again: the same job, nothing new stored.",
             },
+            _CANCEL_AFTER_PARAMETER,
             *_BINARY_PARAMETERS,
         ],
         "requestBody": {
@@ -158,17 +168,23 @@ async def submit(
     `model`, `version`, `priority` and `ttl_s` as query parameters. With `Accept:
     application/x-npz`, a single job that has succeeded by the answer (with `wait`) is answered
     as an .npz of its outputs, the job itself in the `Tffleet-Job` header, as `GET` does.
+
+    With a `Cancel-After` header (`30`, `1.5`, `90s`, `1h30m`), each job not ended that long
+    after it is stored is canceled, queued or running, with error `deadline`.
     """
     started = time.perf_counter()
     state = get_state(request)  # not a dependency: solving one costs more than the call
     caller = await state.auth(request)  # before the body: a stranger costs no parsing
     key = _idempotency_key(request.headers.get("idempotency-key"))
+    deadline = cancel_after_s(request.headers.get("cancel-after"))
     media = _media_type(request.headers.get("content-type", ""))
     prepare: functools.partial[list[jobs.NewJob]]
     if media in _BINARY:
         body = await _read_body(request, max_bytes=state.settings.max_body_bytes)
         specs, many = [_binary_spec(request)], False
-        prepare = functools.partial(_prepare_binary, state, specs[0], body, media)
+        prepare = functools.partial(
+            _prepare_binary, state, specs[0], body, media, cancel_after_s=deadline
+        )
     elif _is_json(media):
         _no_binary_parameters(request)
         body = await read_json(
@@ -178,7 +194,7 @@ async def submit(
         )
         many = isinstance(body, dict) and "jobs" in body
         specs = _parse(JobBatchCreate, body).jobs if many else [_parse(JobCreate, body)]
-        prepare = functools.partial(_prepare, state, specs, many)
+        prepare = functools.partial(_prepare, state, specs, many, cancel_after_s=deadline)
     else:
         raise UnsupportedMediaType(f"Content-Type must be one of {', '.join(_ACCEPTED)}")
     declared = request.headers.get("content-length", "")
@@ -295,11 +311,14 @@ def _prepare_binary(
     caller: Caller,
     limits: Limits,
     key: str | None = None,
+    *,
+    cancel_after_s: float | None = None,
 ) -> list[jobs.NewJob]:
     """`_prepare` for a binary body: its arrays (views of `body`) are checked as a JSON body's
     tensors are, and copied once, into the stored blob."""
     inputs = read_binary(body, media)
-    return _prepare(state, [spec.model_copy(update={"inputs": inputs})], False, caller, limits, key)
+    specs = [spec.model_copy(update={"inputs": inputs})]
+    return _prepare(state, specs, False, caller, limits, key, cancel_after_s=cancel_after_s)
 
 
 # Printable ASCII without spaces: job i > 0 of a keyed bulk request is stored under "KEY i".
@@ -320,10 +339,12 @@ def _idempotency_key(header: str | None) -> str | None:
 
 def _request_hash(new: Sequence[jobs.NewJob]) -> str:
     """sha256 of what a request asks for once resolved: model, version, priority, retention,
-    inputs."""
+    deadline (`Cancel-After`, where given), inputs."""
     digest = hashlib.sha256()
     for job in new:
-        head = [job.model, job.version, job.priority, job.ttl_s, len(job.inputs)]
+        head: list[object] = [job.model, job.version, job.priority, job.ttl_s, len(job.inputs)]
+        if job.cancel_after_s is not None:  # appended: the hashes of keys stored before hold
+            head.append(job.cancel_after_s)
         digest.update(orjson.dumps(head))
         digest.update(job.inputs)
     return digest.hexdigest()
@@ -355,6 +376,8 @@ def _prepare(
     caller: Caller,
     limits: Limits,
     key: str | None = None,
+    *,
+    cancel_after_s: float | None = None,
 ) -> list[jobs.NewJob]:
     """Check every job against its signature and the tenant's limits before anything is
     stored; a retention longer than the tenant's longest is cut to it."""
@@ -390,6 +413,7 @@ def _prepare(
                 ttl_s=None if spec.ttl_s is None else min(spec.ttl_s, limits.max_ttl_s),
                 tenant=caller.tenant,
                 cache_key=_cache_key(signature, caller.tenant, packed),
+                cancel_after_s=cancel_after_s,
             )
         )
     return _with_key(prepared, key) if key is not None else prepared
@@ -566,6 +590,62 @@ async def cancel(
     return json_response(_shown(caller, [await run_in_threadpool(run)])[0])
 
 
+@router.post(
+    "/{job_id}/retry",
+    response_model=JobOut,
+    responses=error_responses(404, 409, 410, 422, 429, 503),
+    openapi_extra={"parameters": [_CANCEL_AFTER_PARAMETER]},
+)
+async def retry(
+    job_id: Annotated[str, Path(max_length=JOB_ID_MAX_LENGTH)], request: Request, state: StateDep
+) -> Response:
+    """Run a failed or canceled job again under its id: `queued`, its error and outputs cleared,
+    a fresh attempt budget (`attempts` keeps counting). 409 for a queued, running or succeeded
+    job; 410 if its inputs are no longer stored. `Cancel-After` gives it a new deadline."""
+    caller = await state.auth(request)
+    deadline = cancel_after_s(request.headers.get("cancel-after"))
+    if "\x00" in job_id:  # no job has one, and PostgreSQL refuses NUL in a query
+        raise JobNotFound(f"job {job_id!r} not found")
+    limits = await state.admission.limits(caller.tenant)
+    await state.admission.admit(1, tenant=caller.tenant, limits=limits)
+
+    def run() -> dict[str, Any]:
+        with state.sessions.begin() as session:
+            job = jobs.retry(
+                session=session, job_id=job_id, tenant=caller.scope, cancel_after_s=deadline
+            )
+            return job_out(job, with_outputs=False)
+
+    out = await run_in_threadpool(run)
+    # After the commit, as a submit's: a failed publish leaves it queued for the sweeper.
+    published = await run_in_threadpool(
+        functools.partial(
+            state.publisher.publish, model=out["model"], version=out["version"], job_ids=[job_id]
+        )
+    )
+    if not published:
+        PUBLISH_FAILURES.inc()
+    return json_response(_shown(caller, [out])[0])
+
+
+@router.delete("/{job_id}", status_code=204, responses=error_responses(404, 409, 422, 503))
+async def delete_job(
+    job_id: Annotated[str, Path(max_length=JOB_ID_MAX_LENGTH)], request: Request, state: StateDep
+) -> Response:
+    """Delete an ended job now, with its inputs and outputs (204). 409 while it is queued or
+    running: cancel it first."""
+    caller = await state.auth(request)
+    if "\x00" in job_id:
+        raise JobNotFound(f"job {job_id!r} not found")
+
+    def run() -> None:
+        with state.sessions.begin() as session:
+            jobs.remove(session=session, job_id=job_id, tenant=caller.scope)
+
+    await run_in_threadpool(run)
+    return Response(status_code=204)
+
+
 @router.get("", response_model=JobList, responses=error_responses(400, 422, 503))
 async def list_jobs(
     request: Request,
@@ -590,7 +670,9 @@ async def list_jobs(
                 limit=limit,
                 cursor=cursor,
             )
-            page = _shown(caller, [job_out(job, with_outputs=False) for job in found])
-            return {"jobs": page, "next_cursor": next_cursor}
+            # Where the queued ones stand: one statement per model version of them, not per job.
+            placed = standing.place(session=session, jobs=found, throughput=state.reader.throughput)
+            outs = [job_out(job, with_outputs=False, standing=placed.get(job.id)) for job in found]
+            return {"jobs": _shown(caller, outs), "next_cursor": next_cursor}
 
     return json_response(await run_in_threadpool(run))
