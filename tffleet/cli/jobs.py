@@ -1,4 +1,4 @@
-"""`tffleet submit` and `tffleet status`: the Python client on the command line.
+"""`tffleet submit`, `status`, `retry` and `delete`: the Python client on the command line.
 
 Exit status: 0 done, 1 a job failed or the API refused or could not be reached, 2 bad usage or
 an input file that cannot be read.
@@ -43,6 +43,11 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--priority", type=int, default=0, metavar="P", help="higher runs first (default 0)"
     )
     submit.add_argument("--split", action="store_true", help="one job per sample of the batch")
+    submit.add_argument(
+        "--cancel-after",
+        metavar="DURATION",
+        help="cancel a job not ended by then: seconds (30, 1.5) or 90s, 5m, 1h30m, 250ms",
+    )
     submit.add_argument("--wait", action="store_true", help="wait and print the results as JSON")
     submit.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S s")
     submit.add_argument("--output", metavar="FILE", help="wait, and save the outputs to FILE.npz")
@@ -59,6 +64,28 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     status.add_argument("--url", default=url, help=f"the API (default $TFFLEET_URL or {url})")
     status.set_defaults(func=cmd_status)
 
+    retry = sub.add_parser(
+        "retry",
+        help="run a failed or canceled job again under its id; print it as JSON",
+        description="The job goes back to queued, its error and outputs cleared, with a fresh "
+        "attempt budget. Exit status 1 if it is queued, running or succeeded, or unknown.",
+    )
+    retry.add_argument("job_id", metavar="JOB_ID")
+    retry.add_argument(
+        "--cancel-after", metavar="DURATION", help="a new deadline, as for `tffleet submit`"
+    )
+    retry.add_argument("--url", default=url, help=f"the API (default $TFFLEET_URL or {url})")
+    retry.set_defaults(func=cmd_retry)
+
+    delete = sub.add_parser(
+        "delete",
+        help="delete an ended job with its inputs and outputs",
+        description="Exit status 1 if the job is queued or running (cancel it first), or unknown.",
+    )
+    delete.add_argument("job_id", metavar="JOB_ID")
+    delete.add_argument("--url", default=url, help=f"the API (default $TFFLEET_URL or {url})")
+    delete.set_defaults(func=cmd_delete)
+
 
 def cmd_submit(args: argparse.Namespace) -> int:
     return _guarded(_submit, args)
@@ -66,6 +93,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     return _guarded(_status, args)
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    return _guarded(_retry, args)
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    return _guarded(_delete, args)
 
 
 def _guarded(command: Any, args: argparse.Namespace) -> int:
@@ -98,7 +133,13 @@ def _submit(args: argparse.Namespace) -> int:
     inputs = read_inputs(args.input)
     with Client(args.url) as client:
         if not args.split:
-            job = client.submit(args.model, inputs, version=args.version, priority=args.priority)
+            job = client.submit(
+                args.model,
+                inputs,
+                version=args.version,
+                priority=args.priority,
+                cancel_after=args.cancel_after,
+            )
             if not (args.wait or output):
                 print(job.id)
                 return 0
@@ -110,6 +151,7 @@ def _submit(args: argparse.Namespace) -> int:
                 version=args.version,
                 priority=args.priority,
                 progress=None,
+                cancel_after=args.cancel_after,
             )
             if not (args.wait or output):
                 print("\n".join(job.id for job in submitted))
@@ -136,6 +178,24 @@ def _status(args: argparse.Namespace) -> int:
         else:
             jobs = client.get_many(args.job_ids)
     _print_jobs(jobs)
+    return 0
+
+
+def _retry(args: argparse.Namespace) -> int:
+    from tffleet.client.sync import Client
+
+    with Client(args.url) as client:
+        job = client.retry(args.job_id, cancel_after=args.cancel_after)
+    _print_jobs([job])
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from tffleet.client.sync import Client
+
+    with Client(args.url) as client:
+        client.delete(args.job_id)
+    print(f"tffleet: deleted job {args.job_id}", file=sys.stderr)
     return 0
 
 

@@ -1,8 +1,8 @@
 """The `tffleet` command: parse, join a fleet `tffleet up` runs here, dispatch to a command group.
 
 Each group is a file of this package: `up` (the whole fleet on one machine), `services` (api,
-worker, sweeper, flower, migrate), `jobs` (submit, status), `models` (register, list, reload),
-`keys` (create, list, revoke), `tenants` (list, set).
+worker, sweeper, flower, migrate), `jobs` (submit, status, retry, delete), `models` (register,
+list, reload), `keys` (create, list, revoke), `tenants` (list, set).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_up_command(sub)
     add_service_commands(sub)  # api, worker, sweeper, migrate, flower
-    add_job_commands(sub)  # submit, status
+    add_job_commands(sub)  # submit, status, retry, delete
     add_model_commands(sub)  # models register, list, reload
     add_key_commands(sub)  # keys create, list, revoke
     add_tenant_commands(sub)  # tenants list, set

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -59,6 +60,7 @@ class AsyncClient:
         version: int | None = None,
         priority: int = 0,
         idempotency_key: str | None = None,
+        cancel_after: float | str | timedelta | None = None,
     ) -> Job:
         return await self._drive(
             plans.submit(
@@ -68,6 +70,7 @@ class AsyncClient:
                 priority=priority,
                 idempotency_key=idempotency_key,
                 retries=self._retries,
+                cancel_after=cancel_after,
             )
         )
 
@@ -82,6 +85,7 @@ class AsyncClient:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         idempotency_key: str | None = None,
         progress: bool | None = False,
+        cancel_after: float | str | timedelta | None = None,
     ) -> list[Job]:
         return await self._drive(
             plans.submit_many(
@@ -94,6 +98,7 @@ class AsyncClient:
                 idempotency_key=idempotency_key,
                 progress=progress,
                 retries=self._retries,
+                cancel_after=cancel_after,
             )
         )
 
@@ -123,6 +128,16 @@ class AsyncClient:
 
     async def cancel(self, job_id: str) -> Job:
         return await self._drive(plans.cancel(job_id, retries=self._retries))
+
+    async def retry(
+        self, job_id: str, *, cancel_after: float | str | timedelta | None = None
+    ) -> Job:
+        return await self._drive(
+            plans.retry(job_id, cancel_after=cancel_after, retries=self._retries)
+        )
+
+    async def delete(self, job_id: str) -> None:
+        await self._drive(plans.delete(job_id, retries=self._retries))
 
     async def models(self) -> list[ModelInfo]:
         return await self._drive(plans.models(retries=self._retries))

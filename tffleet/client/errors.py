@@ -8,7 +8,7 @@
     │   ├── Unauthorized        401  no API key, or an unknown or revoked one
     │   ├── Forbidden           403  an admin's route with a tenant's key
     │   ├── NotFound            404  unknown model, version or job
-    │   ├── Conflict            409  cancel of a job that already finished
+    │   ├── Conflict            409  cancel of an ended job, retry or delete of one not ended
     │   ├── PayloadTooLarge     413
     │   ├── UnsupportedMediaType 415
     │   ├── InvalidInput        422  inputs that do not fit the model's signature

@@ -47,6 +47,8 @@ class Job:
     progress: tuple[int, int] | None = None
     # Answered from the model's response cache: a job with equal inputs had succeeded.
     cached: bool = False
+    # Its `cancel_after`: not ended by then, it is canceled (error `deadline`).
+    deadline_at: datetime | None = None
 
     @property
     def finished(self) -> bool:
@@ -91,6 +93,7 @@ class Job:
                 else None
             ),
             "cached": self.cached,
+            "deadline_at": _iso(self.deadline_at),
         }
 
     @classmethod
@@ -117,6 +120,7 @@ class Job:
                 worker=data.get("worker"),
                 progress=_progress(data.get("progress")),
                 cached=bool(data.get("cached", False)),
+                deadline_at=_datetime(data.get("deadline_at")),  # absent from an older API
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"not a job: {exc!r} in {str(data)[:200]}") from None

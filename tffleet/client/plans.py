@@ -1,7 +1,8 @@
 """The client's operations as plans (see `tffleet.client.protocol`), shared by both clients.
 
-Submit (one, or many in chunked bulk requests), read, long-poll one job or many, cancel, list
-the models. A plan yields `Call`s and `Sleep`s and returns what the client method returns.
+Submit (one, or many in chunked bulk requests), read, long-poll one job or many, cancel, retry,
+delete, list the models. A plan yields `Call`s and `Sleep`s and returns what the client method
+returns.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -46,6 +48,31 @@ def job_body(model: str, inputs: Any, *, version: int | None, priority: int) -> 
     if priority:
         body["priority"] = priority
     return body
+
+
+CancelAfter = float | str | timedelta | None
+
+
+def cancel_after_headers(cancel_after: CancelAfter) -> dict[str, str]:
+    """The `Cancel-After` header: seconds (a number or a timedelta), or a duration as the API
+    reads it ("90s", "1h30m"), passed on as it is."""
+    if cancel_after is None:
+        return {}
+    if isinstance(cancel_after, timedelta):
+        cancel_after = cancel_after.total_seconds()
+    if isinstance(cancel_after, str):
+        return {"Cancel-After": cancel_after}
+    if not cancel_after > 0:
+        raise ValueError(f"cancel_after must be more than 0 seconds, got {cancel_after!r}")
+    # Fixed-point: the API reads no exponent ("1e-05").
+    return {"Cancel-After": f"{cancel_after:.6f}".rstrip("0").rstrip(".")}
+
+
+def _with_headers(headers: dict[str, str]) -> Callable[[Call], Call]:
+    def extend(call: Call) -> Call:
+        return dataclasses.replace(call, headers={**(call.headers or {}), **headers})
+
+    return extend
 
 
 def _dumps(value: Any) -> bytes:
@@ -99,6 +126,7 @@ def submit(
     priority: int,
     idempotency_key: str | None,
     retries: Retries,
+    cancel_after: CancelAfter = None,
 ) -> Plan[Job]:
     answer = yield from _submit_one(
         model,
@@ -107,6 +135,7 @@ def submit(
         priority=priority,
         idempotency_key=idempotency_key or new_idempotency_key(),
         retries=retries,
+        extend=_with_headers(cancel_after_headers(cancel_after)),
     )
     return Job.from_wire(answer)
 
@@ -122,6 +151,7 @@ def submit_many(
     idempotency_key: str | None,
     progress: bool | None,
     retries: Retries,
+    cancel_after: CancelAfter = None,
 ) -> Plan[list[Job]]:
     """One bulk request per `chunk_size` jobs or `chunk_bytes` of body, in order.
 
@@ -137,11 +167,12 @@ def submit_many(
         for inputs in inputs_list
     )
     total = len(inputs_list) if isinstance(inputs_list, Sized) else None
+    extend = _with_headers(cancel_after_headers(cancel_after))
     submitted: list[Job] = []
     with progress_bar(progress, total, "submit") as bar:
         for n, chunk in enumerate(_chunked_bodies(bodies, chunk_size, chunk_bytes)):
             key = f"{idempotency_key}.{n}" if idempotency_key else new_idempotency_key()
-            call = _submit_call(b'{"jobs":[' + b",".join(chunk) + b"]}", key)
+            call = extend(_submit_call(b'{"jobs":[' + b",".join(chunk) + b"]}", key))
             try:
                 data = yield from send(call, retries)
                 jobs = [Job.from_wire(job) for job in data["jobs"]]
@@ -282,6 +313,18 @@ def cancel(job_id: str, *, retries: Retries) -> Plan[Job]:
     # Canceling twice is not an error, so a cancel is safe to send again.
     call = Call("POST", f"/v1/jobs/{quote(job_id, safe='')}/cancel")
     return Job.from_wire((yield from send(call, retries)))
+
+
+def retry(job_id: str, *, cancel_after: CancelAfter, retries: Retries) -> Plan[Job]:
+    # Sent again after a lost answer, a retry that went through answers 409 (now queued).
+    headers = cancel_after_headers(cancel_after) or None
+    call = Call("POST", f"/v1/jobs/{quote(job_id, safe='')}/retry", headers=headers)
+    return Job.from_wire((yield from send(call, retries)))
+
+
+def delete(job_id: str, *, retries: Retries) -> Plan[None]:
+    # Sent again after a lost answer, a delete that went through answers 404.
+    yield from send(Call("DELETE", f"/v1/jobs/{quote(job_id, safe='')}"), retries)
 
 
 def models(*, retries: Retries) -> Plan[list[ModelInfo]]:

@@ -117,6 +117,8 @@ ACCEPT_NPZ = f"{tensors.NPZ}, application/json"
 def read(response: httpx.Response) -> Any:
     if response.status_code >= 400:
         raise error_for(response)
+    if response.status_code == 204:  # a delete: no content
+        return None
     if response.headers.get("content-type", "").split(";")[0].strip().lower() == tensors.NPZ:
         return read_npz_job(response)
     try:

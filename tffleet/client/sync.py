@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -77,11 +78,14 @@ class Client:
         version: int | None = None,
         priority: int = 0,
         idempotency_key: str | None = None,
+        cancel_after: float | str | timedelta | None = None,
     ) -> Job:
         """Submit one job (its inputs may hold a batch); returns it `queued`.
 
         The request carries `idempotency_key` (a fresh one if None), so a retry after a lost
         answer, or a later call with the same key and inputs, gets the same job back.
+        `cancel_after` (seconds, a timedelta, or "90s", "1h30m"): a job not ended by then is
+        canceled, error `deadline`.
         """
         return self._drive(
             plans.submit(
@@ -91,6 +95,7 @@ class Client:
                 priority=priority,
                 idempotency_key=idempotency_key,
                 retries=self._retries,
+                cancel_after=cancel_after,
             )
         )
 
@@ -105,6 +110,7 @@ class Client:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         idempotency_key: str | None = None,
         progress: bool | None = False,
+        cancel_after: float | str | timedelta | None = None,
     ) -> list[Job]:
         """One job per item of `inputs_list` (each with its batch dimension: `x[i : i + 1]`,
         not `x[i]`), sent in bulk requests of `chunk_size` jobs or `chunk_bytes`; returns the
@@ -120,6 +126,7 @@ class Client:
                 idempotency_key=idempotency_key,
                 progress=progress,
                 retries=self._retries,
+                cancel_after=cancel_after,
             )
         )
 
@@ -152,6 +159,16 @@ class Client:
     def cancel(self, job_id: str) -> Job:
         """Cancel a queued or running job; `Conflict` if it had already finished."""
         return self._drive(plans.cancel(job_id, retries=self._retries))
+
+    def retry(self, job_id: str, *, cancel_after: float | str | timedelta | None = None) -> Job:
+        """Run a failed or canceled job again under its id; returns it `queued`. `Conflict` if
+        it is queued, running or succeeded. `cancel_after`: a new deadline, as in `submit`."""
+        return self._drive(plans.retry(job_id, cancel_after=cancel_after, retries=self._retries))
+
+    def delete(self, job_id: str) -> None:
+        """Delete an ended job, its inputs and outputs; `Conflict` while it is queued or running
+        (cancel it first), `NotFound` if it is gone already."""
+        self._drive(plans.delete(job_id, retries=self._retries))
 
     def models(self) -> list[ModelInfo]:
         return self._drive(plans.models(retries=self._retries))
