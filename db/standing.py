@@ -6,10 +6,10 @@ the one whose next job is oldest; a tenant's own jobs go by priority (highest fi
 So a job's `queue_position` counts, among the queued jobs of its model version:
 
 - its own tenant's jobs ahead of it in that tenant's order (exact: priority, then age), which
-  hold `a` samples; and
-- for every other tenant U (weight w_U, n_U queued jobs of S_U samples in all), the jobs of U that
-  the weighted turns take while this job's tenant (weight w) serves those `a` samples: the k-th
-  job of U (from 0) goes first when k * (S_U / n_U) / w_U < a / w, and on equal shares when it is
+  hold about `a` samples (their number times the tenant's average queued job size); and
+- for every other tenant U (weight w_U, n_U queued jobs of m_U samples on average), the jobs of U
+  that the weighted turns take while this job's tenant (weight w) serves those `a` samples: the
+  k-th job of U (from 0) goes first when k * m_U / w_U < a / w, and on equal shares when it is
   the older; U's queued jobs older than this one stand in for "the k-th is the older".
 
 Where it is an estimate, not a promise:
@@ -20,36 +20,40 @@ Where it is an estimate, not a promise:
   the position counts turns over the whole queue: where the queue spans several batches, a batch
   whose room does not divide evenly gives its odd samples to the tenant whose next job is oldest,
   so the real order drifts from the estimate by up to one job per other tenant per batch.
-- Another tenant's jobs count as if each were its average size (S_U / n_U samples); with equal
-  sizes per tenant and one batch, the position is exact.
+- Jobs count as if each were its tenant's average size; with equal sizes per tenant, equal
+  priorities in the other tenants and one batch, the position is exact. Another tenant's
+  priorities can move it by one job per such tenant (the "older" stand-in above).
 - A job that does not fit the room left in a batch waits for the next one while smaller jobs
   behind it go; a job claimed before runs alone when its wake-up comes (db/jobs.py Isolation);
   the parts of a split job (db/parts.py) count as jobs of their tenant. Running jobs are not
   counted.
 
 `eta_s` is (samples of the jobs ahead + the job's own) / the samples per second its model version
-finished lately (`Throughput`): the time to drain what is ahead at the recent pace. None when
-nothing of that version finished within the window.
+finished lately (`Recent.rate`): the time to drain what is ahead at the recent pace (running
+jobs left out). None when nothing of that version finished within the window.
 
-Cost: one statement per queued job read, a GROUP BY tenant over the queued rows of its model
-version (found through `ix_jobs_pick`, led by model, version, status); for many queued jobs of
-one version in one read (a listing, a bulk submit), one statement reads that version's queue once
-and each is placed from it (`place`). The throughput is one GROUP BY per process every
-`Throughput.refresh_s`, over the jobs that finished within the window (`ix_jobs_finished_at`).
+Cost: one statement per queued job read, a GROUP BY tenant over the queued entries of its model
+version in `ix_jobs_pick` (model, version, status, tenant, priority, id): the index alone answers
+it, no row is read, but it walks that version's whole queue (about 1.5 ms for 10,000 queued jobs on
+SQLite). For many queued jobs of one version in one read (a listing, a bulk submit), one statement
+reads that version's queue from the index once and each is placed from it. What needs the rows
+(job sizes, tenants' weights, the recent pace: `Recent`) is read at most every few seconds per
+process.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Select, Table, bindparam, case, func, or_, select
+from sqlalchemy import Table, bindparam, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from db import clock
@@ -85,32 +89,36 @@ class TenantLine:
     tenant: str
     weight: int
     jobs: int  # n: its queued jobs
-    samples: int  # S: their samples
+    mean_samples: float  # S / n: their average size (`Recent.sizes`)
     older: int  # those submitted before the job being placed
     ahead: int  # those before it in the tenant's own order (priority, then age)
-    ahead_samples: int
 
 
-def position(*, tenant: str, lines: Iterable[TenantLine]) -> tuple[int, int]:
+def position(*, tenant: str, lines: Iterable[TenantLine]) -> tuple[int, float]:
     """(jobs, samples) the claim takes before a job of `tenant`, by the turns described above."""
     by_tenant = {line.tenant: line for line in lines}
     own = by_tenant.get(tenant)
     if own is None:
-        return 0, 0
-    a, weight = own.ahead_samples, max(own.weight, 1)
-    jobs, samples = own.ahead, own.ahead_samples
+        return 0, 0.0
+    # Served before this job's turn: its tenant's jobs ahead, in samples, per unit of weight.
+    share = own.ahead * own.mean_samples / max(own.weight, 1)
+    jobs, samples = own.ahead, own.ahead * own.mean_samples
     for line in by_tenant.values():
         if line.tenant == tenant or line.jobs == 0:
             continue
-        # k jobs of U go first while k * S_U / n_U / w_U < a / w, in integers:
-        # k * S_U * w < a * w_U * n_U.
-        num, den = a * max(line.weight, 1) * line.jobs, max(line.samples, 1) * weight
-        lo = -(-num // den)  # k < num / den
-        hi = num // den + 1  # k <= num / den: the k on equal shares goes first if the older
+        # The k-th job of U (from 0) goes first while k * mean_U / w_U < share.
+        x = share * max(line.weight, 1) / max(line.mean_samples, _TINY)
+        lo = math.ceil(x - _EPSILON)  # k < x
+        hi = math.floor(x + _EPSILON) + 1  # k <= x: on equal shares it goes first if older
         taken = min(line.jobs, max(lo, min(line.older, hi)))
         jobs += taken
-        samples += round(taken * line.samples / line.jobs)
+        samples += taken * line.mean_samples
     return jobs, samples
+
+
+_TINY = 1e-9
+# Shares are ratios of small integers: equal ones may differ in the last bits of a float.
+_EPSILON = 1e-9
 
 
 def _is_placed(job: Queued) -> bool:
@@ -123,56 +131,32 @@ _QUEUE = (
     _jobs.c.version == bindparam("p_version"),
     _jobs.c.status == JobStatus.QUEUED.value,
 )
-
-
-def _lines_statement() -> Select[Any]:
-    """Per tenant with queued jobs of the version: counts as seen from one job (the p_ params)."""
-    ahead = or_(
-        _jobs.c.priority > bindparam("p_priority"),
-        (_jobs.c.priority == bindparam("p_priority")) & (_jobs.c.id < bindparam("p_id")),
-    )
-    grouped = (
-        select(
-            _jobs.c.tenant,
-            func.count().label("jobs"),
-            func.sum(_jobs.c.samples).label("samples"),
-            func.sum(case((_jobs.c.id < bindparam("p_id"), 1), else_=0)).label("older"),
-            func.sum(case((ahead, 1), else_=0)).label("ahead"),
-            func.sum(case((ahead, _jobs.c.samples), else_=0)).label("ahead_samples"),
-        )
-        .where(*_QUEUE)
-        .group_by(_jobs.c.tenant)
-        .subquery()
-    )
-    # Weights joined after grouping: a lookup per tenant, not per job.
-    return select(grouped, func.coalesce(_tenants.c.weight, 1).label("weight")).outerjoin(
-        _tenants, _tenants.c.name == grouped.c.tenant
-    )
-
-
-_LINES = _lines_statement()
-_QUEUE_ROWS = select(_jobs.c.tenant, _jobs.c.priority, _jobs.c.id, _jobs.c.samples).where(*_QUEUE)
-_WEIGHTS = select(_tenants.c.name, _tenants.c.weight).where(
-    _tenants.c.name.in_(bindparam("p_names", expanding=True))
+# Every column these read is in `ix_jobs_pick`: the index alone answers them (no row is read).
+_AHEAD = or_(
+    _jobs.c.priority > bindparam("p_priority"),
+    (_jobs.c.priority == bindparam("p_priority")) & (_jobs.c.id < bindparam("p_id")),
 )
+_LINES = (
+    select(
+        _jobs.c.tenant,
+        func.count().label("jobs"),
+        func.sum(case((_jobs.c.id < bindparam("p_id"), 1), else_=0)).label("older"),
+        func.sum(case((_AHEAD, 1), else_=0)).label("ahead"),
+    )
+    .where(*_QUEUE)
+    .group_by(_jobs.c.tenant)
+)
+_QUEUE_ROWS = select(_jobs.c.tenant, _jobs.c.priority, _jobs.c.id).where(*_QUEUE)
 
 # A read with more queued jobs of one version than this reads that version's queue once.
 _ONE_BY_ONE_MAX = 4
 
 
-def _line(row: Any) -> TenantLine:
-    return TenantLine(
-        tenant=row.tenant,
-        weight=int(row.weight),
-        jobs=int(row.jobs),
-        samples=int(row.samples or 0),
-        older=int(row.older or 0),
-        ahead=int(row.ahead or 0),
-        ahead_samples=int(row.ahead_samples or 0),
-    )
+# A tenant whose jobs came after the sizes were read, and were claimed before a second read.
+_UNSEEN = (1, 1.0)
 
 
-def lines_of(*, session: Session, job: Queued) -> list[TenantLine]:
+def _lines_of(session: Session, job: Queued, recent: Recent) -> list[TenantLine]:
     """The tenants' lines as seen from one job: one statement."""
     params = {
         "p_model": job.model,
@@ -180,97 +164,102 @@ def lines_of(*, session: Session, job: Queued) -> list[TenantLine]:
         "p_priority": job.priority,
         "p_id": job.id,
     }
-    return [_line(row) for row in session.execute(_LINES, params)]
-
-
-@dataclass
-class _TenantQueue:
-    weight: int
-    order: list[tuple[int, str]] = field(default_factory=list)  # (-priority, id), sorted
-    samples_before: list[int] = field(default_factory=list)  # prefix sums along `order`
-    ids: list[str] = field(default_factory=list)  # sorted: age order
-
-    @property
-    def total(self) -> int:
-        return self.samples_before[-1]
+    rows = session.execute(_LINES, params).all()
+    sizes = recent.sizes(
+        session=session, model=job.model, version=job.version, tenants=[r.tenant for r in rows]
+    )
+    return [
+        TenantLine(
+            tenant=row.tenant,
+            weight=sizes.get(row.tenant, _UNSEEN)[0],
+            jobs=int(row.jobs),
+            mean_samples=sizes.get(row.tenant, _UNSEEN)[1],
+            older=int(row.older or 0),
+            ahead=int(row.ahead or 0),
+        )
+        for row in rows
+    ]
 
 
 class QueueSnapshot:
-    """A model version's queued jobs read once, to place many of them (what `lines_of` says for
-    each, from one statement instead of one each)."""
+    """A model version's queued jobs read once (from the index), to place many of them: what
+    one statement per job would say of each."""
 
-    def __init__(self, *, session: Session, model: str, version: int) -> None:
+    def __init__(self, *, session: Session, model: str, version: int, recent: Recent) -> None:
         rows = session.execute(_QUEUE_ROWS, {"p_model": model, "p_version": version}).all()
-        by_tenant: defaultdict[str, list[Any]] = defaultdict(list)
-        for row in rows:
-            by_tenant[row.tenant].append(row)
-        weights = (
-            {
-                name: weight
-                for name, weight in session.execute(_WEIGHTS, {"p_names": sorted(by_tenant)})
-            }
-            if by_tenant
-            else {}
-        )
-        self._queues: dict[str, _TenantQueue] = {}
-        for tenant, mine in by_tenant.items():
-            mine.sort(key=lambda r: (-r.priority, r.id))
-            queue = _TenantQueue(weight=int(weights.get(tenant, 1)))
-            queue.order = [(-r.priority, r.id) for r in mine]
-            queue.samples_before = [0]
-            for r in mine:
-                queue.samples_before.append(queue.samples_before[-1] + int(r.samples))
-            queue.ids = sorted(r.id for r in mine)
-            self._queues[tenant] = queue
+        orders: defaultdict[str, list[tuple[int, str]]] = defaultdict(list)
+        for tenant, priority, job_id in rows:
+            orders[tenant].append((-priority, job_id))
+        self._sizes = recent.sizes(session=session, model=model, version=version, tenants=orders)
+        # Per tenant: its jobs by (-priority, id), and their ids by age.
+        self._queues = {
+            tenant: (sorted(order), sorted(job_id for _, job_id in order))
+            for tenant, order in orders.items()
+        }
 
     def lines(self, job: Queued) -> list[TenantLine]:
-        lines = []
-        for tenant, queue in self._queues.items():
-            ahead = bisect.bisect_left(queue.order, (-job.priority, job.id))
-            lines.append(
-                TenantLine(
-                    tenant=tenant,
-                    weight=queue.weight,
-                    jobs=len(queue.ids),
-                    samples=queue.total,
-                    older=bisect.bisect_left(queue.ids, job.id),
-                    ahead=ahead,
-                    ahead_samples=queue.samples_before[ahead],
-                )
+        return [
+            TenantLine(
+                tenant=tenant,
+                weight=self._sizes.get(tenant, _UNSEEN)[0],
+                jobs=len(ids),
+                mean_samples=self._sizes.get(tenant, _UNSEEN)[1],
+                older=bisect.bisect_left(ids, job.id),
+                ahead=bisect.bisect_left(order, (-job.priority, job.id)),
             )
-        return lines
+            for tenant, (order, ids) in self._queues.items()
+        ]
 
 
-def place(
-    *, session: Session, jobs: Sequence[Queued], throughput: Throughput | None = None
-) -> dict[str, Standing]:
+def place(*, session: Session, jobs: Sequence[Queued], recent: Recent) -> dict[str, Standing]:
     """The standing of each queued job among `jobs` (the others are left out): one statement per
-    model version with more than a few of them, else one per job; plus the throughput's."""
+    model version with more than a few of them, else one per job; plus what `recent` reads."""
     groups: defaultdict[tuple[str, int], list[Queued]] = defaultdict(list)
     for job in jobs:
         if _is_placed(job):
             groups[(job.model, job.version)].append(job)
     placed: dict[str, Standing] = {}
     for (model, version), group in groups.items():
-        rate = None
-        if throughput is not None:
-            rate = throughput.rate(session=session, model=model, version=version)
+        rate = recent.rate(session=session, model=model, version=version)
         snapshot = (
-            QueueSnapshot(session=session, model=model, version=version)
+            QueueSnapshot(session=session, model=model, version=version, recent=recent)
             if len(group) > _ONE_BY_ONE_MAX
             else None
         )
         for job in group:
-            lines = snapshot.lines(job) if snapshot else lines_of(session=session, job=job)
+            lines = snapshot.lines(job) if snapshot else _lines_of(session, job, recent)
             jobs_ahead, samples_ahead = position(tenant=job.tenant, lines=lines)
             eta = (samples_ahead + job.samples) / rate if rate else None
             placed[job.id] = Standing(queue_position=jobs_ahead, eta_s=eta)
     return placed
 
 
-class Throughput:
-    """Samples per second each model version finished lately, read for every version at once at
-    most every `refresh_s` (per process: a queued job's every read asks for it).
+@dataclass(frozen=True)
+class _Sizes:
+    """Each tenant's weight and average queued job size for one model version, as last read."""
+
+    read_at: float
+    of: dict[str, tuple[int, float]]  # tenant -> (weight, samples per job)
+
+
+_SIZES = (
+    select(
+        _jobs.c.tenant,
+        func.coalesce(func.max(_tenants.c.weight), 1),
+        func.count(),
+        func.sum(_jobs.c.samples),
+    )
+    .select_from(_jobs.outerjoin(_tenants, _tenants.c.name == _jobs.c.tenant))
+    .where(*_QUEUE)
+    .group_by(_jobs.c.tenant)
+)
+
+
+class Recent:
+    """What placing a job reads at most every `refresh_s` (per process, as a queued job's every
+    read needs it): each model version's samples per second lately, and each tenant's weight and
+    average queued job size. Sizes change slowly; a tenant not seen at the last read is read at
+    once.
 
     The pace of a version is the samples of its jobs that finished within the last `window_s`,
     over the time since the earliest of them started (at least `min_span_s`): a version that
@@ -289,18 +278,44 @@ class Throughput:
         self.window_s, self.refresh_s, self.min_span_s = window_s, refresh_s, min_span_s
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._read_at: float | None = None
+        self._rates_at: float | None = None
         self._rates: dict[tuple[str, int], float] = {}
+        self._sizes: dict[tuple[str, int], _Sizes] = {}
 
     def rate(self, *, session: Session, model: str, version: int) -> float | None:
+        """Samples per second of this version lately; None if none finished in the window."""
         with self._lock:
             now = self._monotonic()
-            if self._read_at is None or now - self._read_at >= self.refresh_s:
-                self._rates = self._read(session)
-                self._read_at = now
+            if self._rates_at is None or now - self._rates_at >= self.refresh_s:
+                self._rates = self._read_rates(session)
+                self._rates_at = now
             return self._rates.get((model, version))
 
-    def _read(self, session: Session) -> dict[tuple[str, int], float]:
+    def sizes(
+        self, *, session: Session, model: str, version: int, tenants: Iterable[str] = ()
+    ) -> dict[str, tuple[int, float]]:
+        """{tenant: (weight, samples per queued job)} for this version, read again if older
+        than `refresh_s` or if one of `tenants` is missing."""
+        with self._lock:
+            now = self._monotonic()
+            known = self._sizes.get((model, version))
+            if (
+                known is None
+                or now - known.read_at >= self.refresh_s
+                or set(tenants) - known.of.keys()
+            ):
+                rows = session.execute(_SIZES, {"p_model": model, "p_version": version}).all()
+                known = _Sizes(
+                    read_at=now,
+                    of={
+                        tenant: (int(weight), float(samples or jobs) / jobs)
+                        for tenant, weight, jobs, samples in rows
+                    },
+                )
+                self._sizes[(model, version)] = known
+            return known.of
+
+    def _read_rates(self, session: Session) -> dict[tuple[str, int], float]:
         now = clock.now(session)
         since = now - timedelta(seconds=self.window_s)
         rows = session.execute(

@@ -19,12 +19,17 @@ def positions(sessions: Sessions, ids: list[str], *, bulk: bool = False) -> dict
     with sessions() as session:
         rows = jobs.get_many(session=session, job_ids=ids)
         if bulk:
-            placed = standing.place(session=session, jobs=rows)
+            placed = standing.place(session=session, jobs=rows, recent=fresh())
         else:  # one statement per job, as a GET of one job reads it
             placed = {}
             for row in rows:
-                placed.update(standing.place(session=session, jobs=[row]))
+                placed.update(standing.place(session=session, jobs=[row], recent=fresh()))
     return {job_id: s.queue_position for job_id, s in placed.items()}
+
+
+def fresh() -> standing.Recent:
+    """Sizes and pace read on every call: what the claim sees now."""
+    return standing.Recent(refresh_s=0)
 
 
 def claim_order(sessions: Sessions, *, batch: int) -> list[str]:
@@ -138,31 +143,30 @@ def test_the_eta_is_the_samples_ahead_and_its_own_at_the_recent_pace(
             session=session, model="m", version=1, owner="w", lease_s=60, max_samples=100
         )
         now = clock.now(session)
-        # 20 samples, started 10 s ago: 2 samples a second.
+        # 20 samples, started 100 s ago: 0.2 samples a second.
         session.query(Job).filter(Job.id.in_(done)).update(
-            {Job.started_at: now - timedelta(seconds=10)}, synchronize_session=False
+            {Job.started_at: now - timedelta(seconds=100)}, synchronize_session=False
         )
         jobs.complete(session=session, results=[(lease, b"out") for lease in leases], now=now)
-    ahead, mine = make_jobs(3, samples=2), make_jobs(1, samples=4)
+    ahead, mine = make_jobs(3, samples=2), make_jobs(1, samples=2)
 
-    throughput = standing.Throughput()
     with sessions() as session:
         rows = jobs.get_many(session=session, job_ids=ahead + mine)
-        placed = standing.place(session=session, jobs=rows, throughput=throughput)
-        other = standing.place(session=session, jobs=rows, throughput=standing.Throughput())
+        placed = standing.place(session=session, jobs=rows, recent=fresh())
 
     assert placed[mine[0]].queue_position == 3
-    # (6 samples ahead + its own 4) / about 2 a second (the clock moved on a little).
+    # (6 samples ahead + its own 2) / about 0.2 a second (the clock moved on a little).
     eta = placed[mine[0]].eta_s
-    assert eta is not None and 5.0 <= eta < 5.5
-    assert other[ahead[0]].eta_s is not None
+    assert eta is not None and 40.0 <= eta < 44.0
+    first = placed[ahead[0]].eta_s
+    assert first is not None and 10.0 <= first < 11.0
 
 
 def test_no_eta_without_recent_throughput(make_jobs: MakeJobs, sessions: Sessions) -> None:
     ids = make_jobs(2)
     with sessions() as session:
         rows = jobs.get_many(session=session, job_ids=ids)
-        placed = standing.place(session=session, jobs=rows, throughput=standing.Throughput())
+        placed = standing.place(session=session, jobs=rows, recent=fresh())
 
     assert [placed[job_id].eta_s for job_id in ids] == [None, None]
     assert [placed[job_id].queue_position for job_id in ids] == [0, 1]
