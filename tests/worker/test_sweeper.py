@@ -13,7 +13,7 @@ import orjson
 import pytest
 import redis
 from celery import Celery
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import cache, jobs, presence
@@ -265,6 +265,39 @@ def test_a_job_out_of_attempts_fails_worker_lost_and_long_polls_hear_of_it(
     pubsub.close()
     assert announced is not None and orjson.loads(announced["data"]) == [job_id]
     assert messages(client) == []
+
+
+def test_queued_and_running_jobs_past_their_deadline_are_canceled_and_long_polls_hear_of_it(
+    make_sweeper: MakeSweeper, sessions: Sessions, client: redis.Redis
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock)
+    new = jobs.NewJob(model="m", version=1, samples=1, inputs=b"in", cancel_after_s=30)
+    with sessions.begin() as session:
+        queued, running, later = (row.id for row in jobs.create(session=session, jobs=[new] * 3))
+        session.execute(update(Job).where(Job.id == later).values(deadline_at=None))
+        (lease,) = jobs.claim(session=session, job_ids=[running], owner="w", lease_s=600)
+    assert sweeper.sweep_once().deadline == 0
+    clock.advance(31)
+    pubsub = client.pubsub()
+    pubsub.subscribe(JOBS_DONE_CHANNEL)
+    subscribed = pubsub.get_message(timeout=5)
+    assert subscribed is not None and subscribed["type"] == "subscribe"
+
+    report = sweeper.sweep_once()
+
+    assert report.deadline == 2 and report.worker_lost == report.requeued == 0
+    for job_id in (queued, running):
+        job = read(sessions, job_id)
+        assert (job.status, job.error_code) == (JobStatus.CANCELED, "deadline")
+    assert read(sessions, later).status == JobStatus.QUEUED
+    with sessions.begin() as session:  # the running one's late result is fenced out
+        assert jobs.complete(session=session, results=[(lease, b"late")]) == 0
+    announced = pubsub.get_message(timeout=5)
+    pubsub.close()
+    assert announced is not None and sorted(orjson.loads(announced["data"])) == sorted(
+        [queued, running]
+    )
 
 
 def test_old_finished_jobs_are_purged_and_the_rest_kept(
