@@ -6,40 +6,50 @@ committed, and a publish that fails leaves the jobs `queued` for the sweeper. A 
 an Idempotency-Key that finds its jobs already stored publishes nothing.
 
 `JobReader`: polls that arrive together share one `SELECT ... WHERE id IN (...)`.
+
+Both show a queued job's `queue_position` and `eta_s` (`db.standing.place`: a statement per job,
+or one per model version for many), read after the commit for a submission.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.coalesce import Coalescer
 from api.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED, PUBLISH_FAILURES
-from api.schemas import job_out
-from db import jobs
+from api.schemas import job_out, standing_fields
+from db import jobs, standing
 from db.models import Job, JobStatus
+from db.standing import Recent, Standing
 from tffleet.announcements import EndedJob
 from tffleet.broker import Publisher
 from tffleet.errors import JobNotFound
 
 JobDict = dict[str, Any]
 
+log = logging.getLogger(__name__)
+
 # An encoding of outputs for reads only: their stored blob (`tffleet.tensors.pack`) as it is, for
 # an answer in .npz (api/routes/jobs.py), instead of JSON tensors.
 BLOB = "blob"
 
 
-def job_view(job: Job | Row[Any] | EndedJob, encoding: str) -> JobDict:
+def job_view(
+    job: Job | Row[Any] | EndedJob, encoding: str, standing: Standing | None = None
+) -> JobDict:
     """`job_out` of a job, or for `BLOB` the job with `outputs` as their blob (bytes) if it
     succeeded."""
     if encoding != BLOB:
-        return job_out(job, encoding=encoding)
-    out = job_out(job, with_outputs=False)
+        return job_out(job, encoding=encoding, standing=standing)
+    out = job_out(job, with_outputs=False, standing=standing)
     if job.status == JobStatus.SUCCEEDED.value and job.outputs is not None:
         out["outputs"] = bytes(job.outputs)
     return out
@@ -72,10 +82,16 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
     through `db.jobs.create_idempotent`, which never fails one request for another's key.
     """
 
-    def __init__(self, sessions: sessionmaker[Session], publisher: Publisher) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        publisher: Publisher,
+        recent: Recent | None = None,
+    ) -> None:
         super().__init__(self._write, name="ingestor", max_batch=_MAX_UNITS, size=_units)
         self._sessions = sessions
         self._publisher = publisher
+        self._recent = recent or Recent()
 
     def _write(self, requests: Sequence[Sequence[jobs.NewJob]]) -> list[Ingested | BaseException]:
         keyed = [i for i, r in enumerate(requests) if r and r[0].idempotency_key is not None]
@@ -84,6 +100,7 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
         with self._sessions.begin() as session:
             created = jobs.create(session=session, jobs=[j for i in plain for j in requests[i]])
             looked_up: list[Any] = [job for job in created if job.cache_key]
+            stored: list[Any] = list(created)
             publish = [job_out(job, with_outputs=False) for job in created]
             start = 0
             for i in plain:
@@ -98,6 +115,7 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
                         results[i] = outcome
                         continue
                     outs = [job_out(j, with_outputs=False) for j in outcome.jobs]
+                    stored += outcome.jobs
                     results[i] = Ingested(outs, replayed=outcome.replayed)
                     new = set(outcome.created)
                     publish += [out for out in outs if out["id"] in new]
@@ -114,7 +132,26 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
             JOBS_SUBMITTED.labels(model=model).inc(len(ids))
             if not self._publisher.publish(model=model, version=version, job_ids=ids):
                 PUBLISH_FAILURES.inc()
+        self._place(stored, [result for result in results.values() if isinstance(result, Ingested)])
         return [results[i] for i in range(len(requests))]
+
+    def _place(self, stored: list[Any], answers: list[Ingested]) -> None:
+        """Where the queued jobs stand, read once they are committed and published (a worker
+        that took one meanwhile leaves it with no position)."""
+        queued = [job for job in stored if job.status == JobStatus.QUEUED.value]
+        if not queued:
+            return
+        try:
+            with self._sessions() as session:
+                placed = standing.place(session=session, jobs=queued, recent=self._recent)
+        except SQLAlchemyError as exc:
+            # The jobs are stored and published: an error now would make a client that retries
+            # without a key store them twice. They go without a position this once.
+            log.warning("could not place %d submitted jobs in the queue (%s)", len(queued), exc)
+            return
+        for answer in answers:
+            for out in answer.jobs:
+                out.update(standing_fields(placed.get(out["id"])))
 
 
 # Job ids, the encoding of outputs, and the tenant whose jobs they must be (None: anyone's).
@@ -125,9 +162,10 @@ class JobReader(Coalescer[Read, list[JobDict]]):
     """`await reader((job_ids, encoding, tenant))` -> the jobs in that order, or JobNotFound
     (another tenant's job is not found)."""
 
-    def __init__(self, reads: sessionmaker[Session]) -> None:
+    def __init__(self, reads: sessionmaker[Session], recent: Recent | None = None) -> None:
         super().__init__(self._read, name="job-reader", max_batch=4096, size=lambda r: len(r[0]))
         self._reads = reads
+        self.recent = recent or Recent()
 
     def _read(self, requests: Sequence[Read]) -> list[list[JobDict] | BaseException]:
         # An id with NUL names no job, and PostgreSQL refuses NUL in a query: left out, it is
@@ -135,6 +173,16 @@ class JobReader(Coalescer[Read, list[JobDict]]):
         wanted = list({job_id for ids, *_ in requests for job_id in ids if "\x00" not in job_id})
         with self._reads() as session:
             rows = jobs.fetch(session=session, job_ids=wanted)
+            # Only for jobs some request may see: another tenant's costs the caller nothing.
+            visible = {
+                job_id: row
+                for ids, _, tenant in requests
+                for job_id in ids
+                if (row := rows.get(job_id)) is not None and tenant in (None, row.tenant)
+            }
+            placed = standing.place(
+                session=session, jobs=list(visible.values()), recent=self.recent
+            )
         result: list[list[JobDict] | BaseException] = []
         for ids, encoding, tenant in requests:
             missing = [
@@ -145,7 +193,9 @@ class JobReader(Coalescer[Read, list[JobDict]]):
             if missing:
                 result.append(_not_found(missing))
             else:
-                result.append([job_view(rows[job_id], encoding) for job_id in ids])
+                result.append(
+                    [job_view(rows[job_id], encoding, placed.get(job_id)) for job_id in ids]
+                )
         return result
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import Row
 
 from db.models import Job, JobStatus
+from db.standing import Standing
 from tffleet import tensors
 from tffleet.announcements import EndedJob
 
@@ -103,6 +104,16 @@ class JobOut(BaseModel):
     cached: bool = Field(
         default=False,
         description="Answered from the response cache: a job with equal inputs had succeeded.",
+    )
+    queue_position: int | None = Field(
+        default=None,
+        description="While queued: how many queued jobs of its model version the workers take "
+        "before it (by fair share between tenants, then priority and age; an estimate).",
+    )
+    eta_s: float | None = Field(
+        default=None,
+        description="While queued: seconds until it may end, at its model version's recent "
+        "pace; null when none of it finished lately.",
     )
     deadline_at: datetime | None = Field(
         default=None,
@@ -214,10 +225,15 @@ def iso_utc(value: datetime | None) -> str | None:
 
 
 def job_out(
-    job: Job | Row[Any] | EndedJob, *, encoding: str = "json", with_outputs: bool = True
+    job: Job | Row[Any] | EndedJob,
+    *,
+    encoding: str = "json",
+    with_outputs: bool = True,
+    standing: Standing | None = None,
 ) -> dict[str, Any]:
     """The JSON form of a job (an ORM object, a plain row, or the job as its worker announced
-    it). Built by hand: a poll's hot path."""
+    it), with where it stands if it is queued (`db.standing.place`). Built by hand: a poll's hot
+    path."""
     outputs = None
     if with_outputs and job.status == JobStatus.SUCCEEDED.value and job.outputs is not None:
         outputs = {
@@ -241,7 +257,19 @@ def job_out(
         "worker": job.worker,
         "progress": _progress(job),
         "cached": bool(getattr(job, "cached", False)),
+        **standing_fields(standing),
         "deadline_at": iso_utc(job.deadline_at),
+    }
+
+
+def standing_fields(standing: Standing | None) -> dict[str, Any]:
+    """`queue_position` and `eta_s` of a queued job (`db.standing`); null for any other."""
+    if standing is None:
+        return {"queue_position": None, "eta_s": None}
+    eta = standing.eta_s
+    return {
+        "queue_position": standing.queue_position,
+        "eta_s": None if eta is None else round(eta, 3),
     }
 
 

@@ -38,7 +38,7 @@ from api.schemas import (
 )
 from api.state import AppState, StateDep, get_state
 from api.validation import read_binary, validate_inputs
-from db import cache, jobs
+from db import cache, jobs, standing
 from db.models import FINISHED, JobStatus
 from db.tenants import Caller, Limits
 from tffleet import tensors
@@ -670,7 +670,9 @@ async def list_jobs(
                 limit=limit,
                 cursor=cursor,
             )
-            page = _shown(caller, [job_out(job, with_outputs=False) for job in found])
-            return {"jobs": page, "next_cursor": next_cursor}
+            # Where the queued ones stand: one statement per model version of them, not per job.
+            placed = standing.place(session=session, jobs=found, recent=state.reader.recent)
+            outs = [job_out(job, with_outputs=False, standing=placed.get(job.id)) for job in found]
+            return {"jobs": _shown(caller, outs), "next_cursor": next_cursor}
 
     return json_response(await run_in_threadpool(run))
