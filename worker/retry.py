@@ -37,6 +37,9 @@ Every path by which a job runs again
 9. The client retries its own requests (`tffleet.client.protocol.Retries`) after a transport
    error, 429 or 503; a submit goes again under the same `Idempotency-Key`, so it never stores a
    second job.
+10. A client asks for it: `POST /v1/jobs/{id}/retry` queues a failed or canceled job again under
+   its id (`db.jobs.retry`), published as a new job is. `attempts` keeps counting; the attempt
+   budget (3) counts only the claims since the retry (`budget_from`).
 
 What never runs again
 ---------------------
@@ -44,7 +47,10 @@ What never runs again
   the job, so the others still succeed), its stored inputs do not unpack (`model_error`), no
   worker can load its version (`model_error`), it ran alone past its time limit (`timeout`). The
   same input would fail the same way.
-- A job that used its attempt budget (`worker_lost`), and a canceled job.
+- A job that used its attempt budget (`worker_lost`), and a canceled job, unless a client
+  retries it (10).
+- A job past its deadline (`Cancel-After`): the claim cancels it instead of starting it, and the
+  sweeper cancels it if it is queued or running (`db.jobs.cancel_overdue`).
 - Inputs that do not fit the model are refused at submit (422, `invalid_input`): no job is stored.
 """
 
