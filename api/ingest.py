@@ -91,7 +91,7 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
         super().__init__(self._write, name="ingestor", max_batch=_MAX_UNITS, size=_units)
         self._sessions = sessions
         self._publisher = publisher
-        self._recent = recent or Recent()
+        self.recent = recent or Recent()
 
     def _write(self, requests: Sequence[Sequence[jobs.NewJob]]) -> list[Ingested | BaseException]:
         keyed = [i for i, r in enumerate(requests) if r and r[0].idempotency_key is not None]
@@ -143,7 +143,7 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
             return
         try:
             with self._sessions() as session:
-                placed = standing.place(session=session, jobs=queued, recent=self._recent)
+                placed = standing.place(session=session, jobs=queued, recent=self.recent)
         except SQLAlchemyError as exc:
             # The jobs are stored and published: an error now would make a client that retries
             # without a key store them twice. They go without a position this once.
