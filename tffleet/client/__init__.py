@@ -4,6 +4,7 @@
     aio.py       AsyncClient: the same calls for asyncio
     plans.py     what each call does, as sans-IO plans both clients drive
     protocol.py  one HTTP exchange: requests, retries (`Retries`), responses to errors
+    events.py    following a job's event stream (`Client.events`), reconnecting where it drops
     job.py       Job, ModelInfo, TensorSpec: what the API answers, with tensors as NumPy
     errors.py    the client's exceptions, under ClientError
 

@@ -10,7 +10,7 @@ the same requests and read the answers the same way.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import httpx
 
 from tffleet.client import plans
+from tffleet.client.events import Follow
 from tffleet.client.job import Job, ModelInfo
 from tffleet.client.protocol import Call, Plan, Retries, build_request, connection
 from tffleet.client.sync import DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT_S
@@ -138,6 +139,30 @@ class AsyncClient:
 
     async def delete(self, job_id: str) -> None:
         await self._drive(plans.delete(job_id, retries=self._retries))
+
+    async def events(self, job_id: str, *, encoding: str = "b64") -> AsyncIterator[Job]:
+        """`Client.events`: `async for job in client.events(job_id)`."""
+        follow = Follow(job_id, encoding=encoding, retries=self._retries)
+        timeout = follow.timeout(self._timeout)
+        while not follow.ended:
+            call = follow.call()
+            request = build_request(self._http, call, timeout)
+            try:
+                response = await self._http.send(request, stream=True)
+                try:
+                    if response.status_code != 200:
+                        await response.aread()
+                    if follow.opened(response):
+                        async for line in response.aiter_lines():
+                            if (job := follow.line(line)) is not None:
+                                yield job
+                finally:
+                    await response.aclose()
+            except httpx.RequestError as exc:
+                await asyncio.sleep(follow.dropped(exc, call))
+                continue
+            if not follow.ended:
+                await asyncio.sleep(follow.dropped(None, call))
 
     async def models(self) -> list[ModelInfo]:
         return await self._drive(plans.models(retries=self._retries))

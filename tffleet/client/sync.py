@@ -19,7 +19,7 @@ async client; this module only performs it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import httpx
 
 from tffleet.client import plans
+from tffleet.client.events import Follow
 from tffleet.client.job import Job, ModelInfo
 from tffleet.client.protocol import Call, Plan, Retries, build_request, connection
 
@@ -169,6 +170,32 @@ class Client:
         """Delete an ended job, its inputs and outputs; `Conflict` while it is queued or running
         (cancel it first), `NotFound` if it is gone already."""
         self._drive(plans.delete(job_id, retries=self._retries))
+
+    def events(self, job_id: str, *, encoding: str = "b64") -> Iterator[Job]:
+        """The job now, then at each change of its status, until it has ended (the last one
+        with its outputs): the API's event stream, opened again where the connection drops,
+        with `Last-Event-ID`, so no state comes twice."""
+        follow = Follow(job_id, encoding=encoding, retries=self._retries)
+        timeout = follow.timeout(self._timeout)
+        while not follow.ended:
+            call = follow.call()
+            request = build_request(self._http, call, timeout)
+            try:
+                response = self._http.send(request, stream=True)
+                try:
+                    if response.status_code != 200:
+                        response.read()
+                    if follow.opened(response):
+                        for line in response.iter_lines():
+                            if (job := follow.line(line)) is not None:
+                                yield job
+                finally:
+                    response.close()
+            except httpx.RequestError as exc:
+                time.sleep(follow.dropped(exc, call))
+                continue
+            if not follow.ended:
+                time.sleep(follow.dropped(None, call))
 
     def models(self) -> list[ModelInfo]:
         return self._drive(plans.models(retries=self._retries))
