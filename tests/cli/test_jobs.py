@@ -63,6 +63,26 @@ def test_cli_submit_split_sends_one_job_a_sample_and_saves_the_batch_back(
 
 
 @pytest.mark.slow
+def test_cli_status_shows_where_a_queued_job_stands(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tffleet.client.sync import Client
+
+    with Client(served.url) as client:  # no worker serves it: the jobs stay queued
+        first, second = (client.submit("double", samples(1)) for _ in range(2))
+        try:
+            assert main(["status", first.id, second.id, "--url", served.url]) == 0
+        finally:
+            for job in (first, second):
+                client.cancel(job.id)
+    shown = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+    assert [job["status"] for job in shown] == ["queued", "queued"]
+    assert shown[1]["queue_position"] == shown[0]["queue_position"] + 1
+    assert all("eta_s" in job for job in shown)
+
+
+@pytest.mark.slow
 def test_cli_submit_reports_what_the_api_refused(
     served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

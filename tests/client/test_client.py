@@ -618,6 +618,20 @@ def test_an_npz_answer_that_is_not_a_jobs_raises_protocol_error(response: httpx.
         client.get("j1")
 
 
+def test_a_queued_job_shows_its_queue_position_and_eta() -> None:
+    queued = ClientJob.from_wire(wire_job(queue_position=41, eta_s=12.5))
+    running = ClientJob.from_wire(wire_job(status="running", queue_position=None, eta_s=None))
+    before = ClientJob.from_wire(wire_job())  # an API older than both fields
+
+    assert (queued.queue_position, queued.eta_s) == (41, 12.5)
+    assert (running.queue_position, running.eta_s) == (None, None)
+    assert (before.queue_position, before.eta_s) == (None, None)
+    assert {k: queued.to_dict()[k] for k in ("queue_position", "eta_s")} == {
+        "queue_position": 41,
+        "eta_s": 12.5,
+    }
+
+
 def test_a_job_shows_a_split_jobs_progress_and_whether_the_cache_answered_it() -> None:
     split = ClientJob.from_wire(
         wire_job(status="running", progress={"samples_done": 256, "samples": 8192})

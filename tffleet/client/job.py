@@ -49,6 +49,11 @@ class Job:
     cached: bool = False
     # Its `cancel_after`: not ended by then, it is canceled (error `deadline`).
     deadline_at: datetime | None = None
+    # While queued: how many queued jobs of its model version go before it (by fair share
+    # between tenants, then priority and age), and the seconds until it may end at the recent
+    # pace; both estimates, None once it runs (eta_s also when nothing finished lately).
+    queue_position: int | None = None
+    eta_s: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -94,6 +99,8 @@ class Job:
             ),
             "cached": self.cached,
             "deadline_at": _iso(self.deadline_at),
+            "queue_position": self.queue_position,
+            "eta_s": self.eta_s,
         }
 
     @classmethod
@@ -121,6 +128,8 @@ class Job:
                 progress=_progress(data.get("progress")),
                 cached=bool(data.get("cached", False)),
                 deadline_at=_datetime(data.get("deadline_at")),  # absent from an older API
+                queue_position=data.get("queue_position"),  # absent from an older API
+                eta_s=data.get("eta_s"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"not a job: {exc!r} in {str(data)[:200]}") from None
