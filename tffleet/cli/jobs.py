@@ -57,10 +57,17 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     status = sub.add_parser(
         "status",
         help="print jobs as JSON lines",
-        description="Exit status 1 if, with --wait, some are still unfinished after S seconds.",
+        description="Exit status 1 if, with --wait, some are still unfinished after S seconds; "
+        "with --follow, if the job did not succeed.",
     )
     status.add_argument("job_ids", nargs="+", metavar="JOB_ID")
-    status.add_argument("--wait", type=float, metavar="S", help="wait up to S s for them to end")
+    how = status.add_mutually_exclusive_group()
+    how.add_argument("--wait", type=float, metavar="S", help="wait up to S s for them to end")
+    how.add_argument(
+        "--follow",
+        action="store_true",
+        help="one job: print it now and at each change of its status, until it ends",
+    )
     status.add_argument("--url", default=url, help=f"the API (default $TFFLEET_URL or {url})")
     status.set_defaults(func=cmd_status)
 
@@ -172,7 +179,14 @@ def _submit(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from tffleet.client.sync import Client
 
+    if args.follow and len(args.job_ids) > 1:
+        raise UsageError("--follow follows one job")
     with Client(args.url) as client:
+        if args.follow:
+            last = None
+            for last in client.events(args.job_ids[0]):
+                _print_jobs([last])
+            return 0 if last is not None and last.ok else 1
         if args.wait:
             jobs = client.wait_all(args.job_ids, timeout=args.wait)
         else:
