@@ -2,7 +2,9 @@
 
 One `status` event with the job (as `GET /v1/jobs/{id}` shows it) as it is now, then one at each
 change of its status, and the stream ends after the event of an ended status (succeeded, failed,
-canceled), outputs included.
+canceled), outputs included. A stream of a job that has not ended also closes after
+`STREAM_MAX_S` (30 s, a long-poll's longest hold): its client resumes with `Last-Event-ID`, as
+after a dropped connection.
 
 An event's id is `<status>.<attempts>` (`queued.0`, `running.1`, `queued.1` after a lease was
 lost, `running.2`, `succeeded.2`), and ids order the states of a run of the job, from queued to
@@ -54,6 +56,10 @@ KEEP_ALIVE_S = 15.0
 QUEUED_RECHECK_S = 1.0
 # How long an EventSource waits before it reconnects (the `retry:` field).
 RETRY_MS = 2000
+# A stream of a job that has not ended closes after this long, and its client resumes with
+# `Last-Event-ID`: a stream is held no longer than a long-poll, so an API process told to stop
+# (uvicorn waits for open responses) is not held up by streams of jobs queued for hours.
+STREAM_MAX_S = 30.0
 
 _FINISHED = {status.value for status in FINISHED}
 _STATUSES = {status.value for status in JobStatus}
@@ -163,20 +169,18 @@ async def _events(
     with state.waiter.watch(job_id) as woken:
         yield f"retry: {RETRY_MS}\n\n".encode()
         quiet_since = loop.time()
+        close_at = quiet_since + STREAM_MAX_S
         while True:
             if rank(event_id(job)) > seen:
                 seen = rank(event_id(job))
                 yield format_event(job)
                 quiet_since = loop.time()
-            if job["status"] in _FINISHED:
+            if job["status"] in _FINISHED or loop.time() >= close_at:
                 return
-            recheck_s = (
-                QUEUED_RECHECK_S
-                if job["status"] == JobStatus.QUEUED.value
-                else state.waiter.recheck_s
-            )
+            queued = job["status"] == JobStatus.QUEUED.value
+            recheck_s = QUEUED_RECHECK_S if queued else state.waiter.recheck_s
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), recheck_s)
+                await asyncio.wait_for(woken.wait(), min(recheck_s, close_at - loop.time()))
             woken.clear()
             if loop.time() - quiet_since >= KEEP_ALIVE_S:
                 yield b": keep-alive\n\n"

@@ -86,7 +86,8 @@ async def test_the_stream_sends_queued_then_succeeded_with_outputs_and_ends(
     assert response.headers["content-type"].startswith("text/event-stream")
     sent = statuses(response.text)
     assert [e["id"] for e in sent] == ["queued.0", "succeeded.1"]
-    assert orjson.loads(sent[0]["data"]) == job
+    first = orjson.loads(sent[0]["data"])
+    assert (first["id"], first["status"], first["outputs"]) == (job["id"], "queued", None)
     last = orjson.loads(sent[1]["data"])
     assert last["status"] == "succeeded" and last["outputs"] == {"y": OUTPUTS["y"].tolist()}
     # The last event's data is the job exactly as GET answers it.
@@ -199,6 +200,23 @@ async def test_the_end_of_an_earlier_run_resumes_a_retried_job_from_its_state(
 def claim_in(session: Session, job_id: str) -> jobs.Lease:
     (lease,) = jobs.claim(session=session, job_ids=[job_id], owner="test-worker", lease_s=60)
     return lease
+
+
+async def test_the_stream_of_a_job_that_has_not_ended_closes_after_a_while_and_resumes(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(events, "STREAM_MAX_S", 0.5)
+    job = await submit(api.client)  # nobody runs it
+    url = f"/v1/jobs/{job['id']}/events"
+    started = time.monotonic()
+
+    response = await api.client.get(url)
+
+    assert time.monotonic() - started < 2.0
+    assert [e["id"] for e in statuses(response.text)] == ["queued.0"]
+    response = await api.client.get(url, headers={"Last-Event-ID": "queued.0"})
+    assert response.status_code == 200 and statuses(response.text) == []
+    assert api.state.waiter.watches == 0
 
 
 async def test_another_tenants_job_is_404(api: Api) -> None:

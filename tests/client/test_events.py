@@ -17,6 +17,7 @@ from tests.client.fleet import NO_WAIT, FakeWorker, Served, samples
 from tests.client.test_against_api import InProcess, api  # noqa: F401  (a fixture)
 from tests.client.test_client import Recorder, error_response, wire_job
 from tffleet import Client, NotFound, ServiceUnavailable, TransportError
+from tffleet.client import events
 from tffleet.client.events import EventDecoder
 
 Y = {"y": {"b64": "AACAPw==", "dtype": "float32", "shape": [1]}}
@@ -83,6 +84,19 @@ def test_a_dropped_stream_is_opened_again_after_the_last_event_seen() -> None:
     assert seen == ["queued", "running", "succeeded"]
     sent = [r.headers.get("last-event-id") for r in recorder.requests]
     assert sent == [None, "queued.0", "queued.0", "queued.0", "running.1"]
+
+
+def test_a_stream_the_api_closed_after_a_while_is_opened_again_however_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(events, "MIN_STREAM_S", 0.0)  # every stream was open long enough
+    answers = iter([stream(event(QUEUED)), *(stream() for _ in range(5)), stream(event(DONE))])
+    recorder = Recorder(lambda _: next(answers))
+    with recorder.client() as client:  # NO_WAIT: 3 retries, fewer than the 6 closes
+        seen = [job.status for job in client.events("j1")]
+
+    assert seen == ["queued", "succeeded"]
+    assert len(recorder.requests) == 7
 
 
 def test_a_stream_that_keeps_failing_gives_up_after_the_retries() -> None:

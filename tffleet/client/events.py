@@ -5,11 +5,14 @@ The stream is server-sent events (the WHATWG `text/event-stream` format): one `s
 with the job at each change of its status, ending after the event of an ended status. A
 connection that drops (a transport error, a 429 or 503, a stream that stops short of the end)
 is opened again with `Last-Event-ID`, so the API sends only what came after; `Retries.attempts`
-times in a row at most, with its back-off, the count starting over at each event.
+times in a row at most, with its back-off, the count starting over at each event. The API also
+closes the stream of a job that has not ended every 30 s or so: a stream that was open for
+`MIN_STREAM_S` or more is opened again at once, and the count starts over.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -25,6 +28,8 @@ EVENT_STREAM = "text/event-stream"
 # The API sends a comment at least this often on a quiet stream; a read waits that long more.
 KEEP_ALIVE_S = 15.0
 _RETRY_STATUSES = frozenset({429, 503})
+# A stream that ends this long or more after it opened was closed by the API on purpose.
+MIN_STREAM_S = 1.0
 
 
 @dataclass
@@ -76,6 +81,7 @@ class Follow:
         self._decoder = EventDecoder()
         self._failures = 0
         self._refused: Exception | None = None  # a 429 or 503 answer, tried again
+        self._opened_at: float | None = None  # when the stream now read opened
         self.ended = False
 
     def call(self) -> Call:
@@ -95,8 +101,9 @@ class Follow:
     def opened(self, response: httpx.Response) -> bool:
         """Whether to read the stream of this answer (its body read already unless 200); False:
         the job had ended (204), or ask again after `dropped(None)` (429, 503)."""
-        self._refused = None
+        self._refused, self._opened_at = None, None
         if response.status_code == 200:
+            self._opened_at = time.monotonic()
             self._decoder = EventDecoder(self._decoder.last_event_id)  # a new stream
             return True
         if response.status_code == 204:  # the end was seen already
@@ -124,6 +131,12 @@ class Follow:
         """The connection broke (`exc`), was refused for now (429, 503), or the stream stopped
         short of the job's end: seconds to wait before the next try, or the error once the tries
         are spent."""
+        opened_at, self._opened_at = self._opened_at, None
+        if opened_at is not None and time.monotonic() - opened_at >= MIN_STREAM_S:
+            # It was open a while: the API is there. Closed by the API (exc None): resume at once.
+            self._failures = 0
+            if exc is None:
+                return 0.0
         if exc is None:
             stopped = ProtocolError(f"the event stream of {self._path} stopped early")
             self._give_up_after(self._refused or stopped)
