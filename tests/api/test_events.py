@@ -24,7 +24,7 @@ from api.app import create_app
 from api.routes import events
 from db import jobs, tenants
 from db.models import DEFAULT_TENANT, JobErrorCode
-from tests.api.conftest import Api, finish_job
+from tests.api.conftest import Api, OpenApi, finish_job
 from tffleet import tensors
 from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.settings import Settings
@@ -327,3 +327,14 @@ def test_event_ids_order_the_states_of_a_run() -> None:
         assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks), run
     for junk in (None, "", "7", "queued", "queued.x", "lost.1", "queued.-1"):
         assert events.rank(junk) < events.rank("queued.0")
+
+
+async def test_past_the_limit_of_held_requests_a_stream_is_503_with_retry_after(
+    open_api: OpenApi,
+) -> None:
+    async with open_api(max_long_polls=0) as api:
+        job = await submit(api.client)
+
+        response = await api.client.get(f"/v1/jobs/{job['id']}/events")
+
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
