@@ -690,6 +690,26 @@ def release(*, session: Session, leases: Sequence[Lease]) -> int:
     )
 
 
+def unclaim(*, session: Session, leases: Sequence[Lease]) -> int:
+    """Undo the claim of jobs whose batch never started (the worker began shutting down while it
+    claimed them): queued again as if never claimed, so they are not taken for jobs that may have
+    killed a child and run alone. Fenced: a lease that no longer matches changes nothing."""
+    if not leases:
+        return 0
+    return _fenced_update(
+        session,
+        _fenced_statement(
+            status=JobStatus.QUEUED.value,
+            attempts=_jobs.c.attempts - 1,
+            lease_owner=None,
+            lease_expires_at=None,
+            worker=None,
+            started_at=None,
+        ),
+        [_fence(lease) for lease in leases],
+    )
+
+
 # ─── Cancel ───────────────────────────────────────────────────────────────────────────────────────
 
 

@@ -511,14 +511,14 @@ class Batcher:
 
     def _put_back(self, task: _Task, named: Sequence[str], following: _Next) -> _Next:
         """The worker began shutting down while the feeder claimed the next batch: that batch
-        does not start. Its jobs go back to the queue (claimed once, they run alone later, as any
-        job handed back does); the named ones are left to other workers with the rest, the
-        others woken here."""
+        does not start, so the drain still ends within one batch. Its jobs go back to the queue
+        as if never claimed; the named ones are left to other workers with the rest, the others
+        woken here."""
         assert following.batch is not None
         leases = following.batch.leases
         self._heartbeat.drop(leases)
         with self.sessions.begin() as session:
-            jobs.release(session=session, leases=leases)
+            jobs.unclaim(session=session, leases=leases)
         keep = set(named)
         unnamed = [lease.job_id for lease in leases if lease.job_id not in keep]
         if unnamed:
