@@ -32,8 +32,12 @@ def servers() -> Iterator[list[WSGIServer]]:
 def listening(port: int) -> socket.socket:
     """A socket that holds `port` on every address, as another worker's server would."""
     sock = socket.socket()
-    sock.bind(("0.0.0.0", port))
-    sock.listen()
+    try:
+        sock.bind(("0.0.0.0", port))
+        sock.listen()
+    except OSError:
+        sock.close()  # taken: not left for the garbage collector to warn about
+        raise
     return sock
 
 
