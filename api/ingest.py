@@ -25,10 +25,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.coalesce import Coalescer
 from api.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED, PUBLISH_FAILURES
-from api.schemas import job_out, standing_fields
 from db import jobs, standing
 from db.models import Job, JobStatus
 from db.standing import Recent, Standing
+from db.views import job_out, standing_fields
 from tffleet.announcements import EndedJob
 from tffleet.broker import Publisher
 from tffleet.errors import JobNotFound

@@ -1,4 +1,5 @@
-"""Data shapes: `JobCreate` comes in, `JobOut` goes out (a `Job` row is the database's)."""
+"""Data shapes: `JobCreate` comes in, `JobOut` goes out (a `Job` row is the database's; its JSON
+form, `job_out`, lives in db/views.py, which the webhook deliverer shares)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,10 @@ from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import Row
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from db.models import Job, JobStatus
-from db.standing import Standing
-from tffleet import tensors
-from tffleet.announcements import EndedJob
+from db.models import JobStatus
+from tffleet import webhooks
 
 Tensor = list[Any] | dict[str, Any]
 
@@ -35,6 +33,35 @@ class JobCreate(BaseModel):
         le=366 * 24 * 3600,
         description="Keep the job and its result this long after it ends (default: the server's).",
     )
+    webhook: str | None = Field(
+        default=None,
+        max_length=webhooks.MAX_URL_LENGTH,
+        description="An http(s) URL that gets the job, signed (Standard Webhooks), on the "
+        "events of `webhook_events`; a public address unless the fleet allows private ones.",
+    )
+    webhook_events: list[Literal["start", "completed"]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2,
+        description="With `webhook`: `start` (each run attempt starts) and `completed` (it "
+        'ended: succeeded, failed or canceled). Default `["completed"]`.',
+    )
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            webhooks.parse_url(url)  # a WebhookAddressError is a ValueError: a 422 naming it
+        return url
+
+    @field_validator("webhook_events")
+    @classmethod
+    def _events_with_webhook(
+        cls, events: list[str] | None, info: ValidationInfo
+    ) -> list[str] | None:
+        if events is not None and info.data.get("webhook") is None:
+            raise ValueError("needs a `webhook` to send them to")
+        return None if events is None else sorted(set(events))
 
 
 class JobBatchCreate(BaseModel):
@@ -218,66 +245,6 @@ class ModelLoadErrorOut(ModelWorkerOut):
 class ModelList(BaseModel):
     models: list[ModelOut]
     load_errors: list[ModelLoadErrorOut]
-
-
-def iso_utc(value: datetime | None) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value is not None else None
-
-
-def job_out(
-    job: Job | Row[Any] | EndedJob,
-    *,
-    encoding: str = "json",
-    with_outputs: bool = True,
-    standing: Standing | None = None,
-) -> dict[str, Any]:
-    """The JSON form of a job (an ORM object, a plain row, or the job as its worker announced
-    it), with where it stands if it is queued (`db.standing.place`). Built by hand: a poll's hot
-    path."""
-    outputs = None
-    if with_outputs and job.status == JobStatus.SUCCEEDED.value and job.outputs is not None:
-        outputs = {
-            name: tensors.encode(array, encoding=encoding)
-            for name, array in tensors.unpack(job.outputs).items()
-        }
-    return {
-        "id": job.id,
-        "model": job.model,
-        "version": job.version,
-        "status": job.status,
-        "priority": job.priority,
-        "created_at": iso_utc(job.created_at),
-        "started_at": iso_utc(job.started_at),
-        "finished_at": iso_utc(job.finished_at),
-        "attempts": job.attempts,
-        "error": (
-            {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None
-        ),
-        "outputs": outputs,
-        "worker": job.worker,
-        "progress": _progress(job),
-        "cached": bool(getattr(job, "cached", False)),
-        **standing_fields(standing),
-        "deadline_at": iso_utc(job.deadline_at),
-    }
-
-
-def standing_fields(standing: Standing | None) -> dict[str, Any]:
-    """`queue_position` and `eta_s` of a queued job (`db.standing`); null for any other."""
-    if standing is None:
-        return {"queue_position": None, "eta_s": None}
-    eta = standing.eta_s
-    return {
-        "queue_position": standing.queue_position,
-        "eta_s": None if eta is None else round(eta, 3),
-    }
-
-
-def _progress(job: Job | Row[Any] | EndedJob) -> dict[str, int] | None:
-    """How far a job split into parts has come (db/parts.py); None for any other job."""
-    if getattr(job, "parts", None) is None:
-        return None
-    return {"samples": job.samples, "samples_done": job.samples_done or 0}  # type: ignore[union-attr]
 
 
 def json_response(content: Any, status_code: int = 200) -> Response:

@@ -67,7 +67,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db import cache, clock
+from db import cache, clock, webhooks
 from db.ids import new_job_id
 from db.models import (
     DEFAULT_TENANT,
@@ -117,6 +117,9 @@ class NewJob:
     cache_key: str | None = None
     # `Cancel-After`: not ended this many seconds after it is stored, it is canceled.
     cancel_after_s: float | None = None
+    # Its webhook and the events it asked for (bits of `db.webhooks.Event`); see db/webhooks.py.
+    webhook: str | None = None
+    webhook_events: int | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ class Lease:
     parent_id: str | None = None  # the split job this is a part of (db/parts.py)
     cache_key: str | None = None  # its outputs go to the response cache (db/cache.py)
     deadline_at: datetime | None = None  # as stored (`Cancel-After`), for its announcement
+    webhook_events: int | None = None  # its webhook's events: its end is recorded for them
 
 
 _QUEUED = _jobs.c.status == JobStatus.QUEUED.value
@@ -182,6 +186,7 @@ def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
         ]
         if inputs:
             session.execute(insert(_inputs), inputs)
+        _record_answered(session, rows, answered, now)
     created = [Job(**row) for row in rows]
     for job, new in zip(created, jobs, strict=True):
         job.inputs = new.inputs  # type: ignore[attr-defined]
@@ -236,6 +241,7 @@ def create_idempotent(
     ]
     if inputs:
         session.execute(insert(_inputs), inputs)
+    _record_answered(session, [row for _, row, _ in by_key], answered & inserted, now)
     keys_by_tenant: dict[str, list[str]] = {}
     for _, row, _ in by_key:
         keys_by_tenant.setdefault(row["tenant"], []).append(row["idempotency_key"])
@@ -273,6 +279,18 @@ def create_idempotent(
     return results
 
 
+def _record_answered(
+    session: Session, rows: Sequence[dict[str, Any]], answered: set[str], now: datetime
+) -> None:
+    """The `completed` webhook of jobs the response cache answered at submit."""
+    ended = [
+        row["id"]
+        for row in rows
+        if row["id"] in answered and webhooks.wants(row["webhook_events"], webhooks.Event.COMPLETED)
+    ]
+    webhooks.record(session=session, event=webhooks.Event.COMPLETED, job_ids=ended, at=now)
+
+
 def _tenant_key(row: Mapping[str, Any] | RowMapping) -> tuple[str, str]:
     return row["tenant"], row["idempotency_key"]
 
@@ -305,6 +323,8 @@ def _row(job: NewJob, now: datetime) -> dict[str, Any]:
         "created_at": now,
         "cache_key": job.cache_key,
         "deadline_at": _deadline(now, job.cancel_after_s),
+        "webhook": job.webhook,
+        "webhook_events": job.webhook_events,
     }
 
 
@@ -354,6 +374,7 @@ def _claim_statement(*, fresh_only: bool) -> Update:
             _jobs.c.parent_id,
             _jobs.c.cache_key,
             _jobs.c.deadline_at,
+            _jobs.c.webhook_events,
         )
     )
 
@@ -394,6 +415,8 @@ def _claim_ids(
         cancel_overdue(
             session=session, now=now, among=[i for i in job_ids if i not in claimed], queued=True
         )
+    started = [row.id for row in rows if webhooks.wants(row.webhook_events, webhooks.Event.START)]
+    webhooks.record(session=session, event=webhooks.Event.START, job_ids=started, at=now)
     inputs: dict[str, bytes] = (
         dict(session.execute(_SELECT_INPUTS, {"c_ids": [row.id for row in rows]}).all())
         if rows
@@ -412,6 +435,7 @@ def _claim_ids(
             parent_id=row.parent_id,
             cache_key=row.cache_key,
             deadline_at=row.deadline_at,
+            webhook_events=row.webhook_events,
         )
         for row in rows
     ]
@@ -654,29 +678,45 @@ def complete(
         entries=[(lease.cache_key, out) for lease, out in results if lease.cache_key],
         now=now,
     )
-    return _fenced_update(
+    written = _fenced_update(
         session,
         _complete_statement(),
         [_fence(lease, b_outputs=outputs, b_now=now) for lease, outputs in results],
     )
+    _record_ended(session, [lease for lease, _ in results], now)
+    return written
+
+
+def _record_ended(session: Session, leases: Sequence[Lease], now: datetime) -> None:
+    """The `completed` webhook of held jobs this transaction ended at `now` (a lease that no
+    longer matched ended nothing: `record` finds no job that ended at `now`)."""
+    ended = [
+        lease.job_id
+        for lease in leases
+        if webhooks.wants(lease.webhook_events, webhooks.Event.COMPLETED)
+    ]
+    webhooks.record(session=session, event=webhooks.Event.COMPLETED, job_ids=ended, at=now)
 
 
 def fail(*, session: Session, leases: Sequence[Lease], code: JobErrorCode, message: str) -> int:
     """End held jobs `failed` with an error code; returns how many were."""
     if not leases:
         return 0
-    return _fenced_update(
+    now = clock.now(session)
+    failed = _fenced_update(
         session,
         _fenced_statement(
             status=JobStatus.FAILED.value,
             error_code=JobErrorCode(code).value,
             error_message=message,
-            finished_at=clock.now(session),
+            finished_at=now,
             lease_owner=None,
             lease_expires_at=None,
         ),
         [_fence(lease) for lease in leases],
     )
+    _record_ended(session, leases, now)
+    return failed
 
 
 def release(*, session: Session, leases: Sequence[Lease]) -> int:
@@ -717,6 +757,7 @@ def cancel(*, session: Session, job_id: str, tenant: str | None = None) -> Job:
     """Cancel a queued or running job (of `tenant`, unless None). A running job's late result is
     then fenced out."""
     job = get(session=session, job_id=job_id, tenant=tenant)
+    now = clock.now(session)
     result = session.execute(
         update(_jobs)
         .where(
@@ -725,7 +766,7 @@ def cancel(*, session: Session, job_id: str, tenant: str | None = None) -> Job:
         )
         .values(
             status=JobStatus.CANCELED.value,
-            finished_at=clock.now(session),
+            finished_at=now,
             lease_owner=None,
             lease_expires_at=None,
         )
@@ -733,6 +774,10 @@ def cancel(*, session: Session, job_id: str, tenant: str | None = None) -> Job:
     if result.rowcount:  # type: ignore[attr-defined]
         # A split job's parts go with it (db/parts.py); a late result of one finds no row.
         session.execute(delete(_jobs).where(_jobs.c.parent_id == job_id))
+        if webhooks.wants(job.webhook_events, webhooks.Event.COMPLETED):
+            webhooks.record(
+                session=session, event=webhooks.Event.COMPLETED, job_ids=[job_id], at=now
+            )
     session.refresh(job)
     # Canceling twice is not an error; canceling a job that ran to its end is.
     if result.rowcount == 0 and job.status in _ENDED_ON_ITS_OWN:  # type: ignore[attr-defined]
@@ -769,7 +814,7 @@ def cancel_overdue(
     if not ids:
         return []
     running = _jobs.c.status == JobStatus.RUNNING.value
-    canceled = session.scalars(
+    canceled = session.execute(
         update(_jobs)
         .where(_jobs.c.id.in_(ids), *overdue)
         .values(
@@ -783,11 +828,18 @@ def cancel_overdue(
             lease_owner=None,
             lease_expires_at=None,
         )
-        .returning(_jobs.c.id)
+        .returning(_jobs.c.id, _jobs.c.webhook_events)
     ).all()
     if canceled:
-        session.execute(delete(_jobs).where(_jobs.c.parent_id.in_(canceled)))
-    return sorted(canceled)
+        session.execute(delete(_jobs).where(_jobs.c.parent_id.in_([row.id for row in canceled])))
+        _record_rows_ended(session, canceled, now)
+    return sorted(row.id for row in canceled)
+
+
+def _record_rows_ended(session: Session, rows: Sequence[Row[Any]], now: datetime) -> None:
+    """The `completed` webhook of jobs an UPDATE ... RETURNING (id, webhook_events) ended."""
+    ended = [row.id for row in rows if webhooks.wants(row.webhook_events, webhooks.Event.COMPLETED)]
+    webhooks.record(session=session, event=webhooks.Event.COMPLETED, job_ids=ended, at=now)
 
 
 # ─── Retry and delete ─────────────────────────────────────────────────────────────────────────────
@@ -947,7 +999,7 @@ def _take_back(
     failed: list[str] = []
     for attempts in sorted({row.used for row in rows if row.used >= max_attempts}):
         ids = [row.id for row in rows if row.used == attempts]
-        failed += session.scalars(
+        lost_rows = session.execute(
             update(_jobs)
             .where(_jobs.c.id.in_(ids), used == attempts, *held)
             .values(
@@ -959,8 +1011,10 @@ def _take_back(
                 finished_at=now,
                 **cleared,
             )
-            .returning(_jobs.c.id)
+            .returning(_jobs.c.id, _jobs.c.webhook_events)
         ).all()
+        _record_rows_ended(session, lost_rows, now)
+        failed += [row.id for row in lost_rows]
     again = [row.id for row in rows if row.used < max_attempts]
     requeued: JobGroups = {}
     if again:

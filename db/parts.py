@@ -28,7 +28,7 @@ import numpy as np
 from sqlalchemy import Table, delete, select, update
 from sqlalchemy.orm import Session
 
-from db import cache, clock
+from db import cache, clock, webhooks
 from db.jobs import Lease
 from db.models import Job, JobErrorCode, JobInput, JobStatus
 from tffleet import tensors
@@ -114,7 +114,13 @@ def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:
     ended = []
     for parent_id in sorted(set(parent_ids)):
         parent = session.execute(
-            select(_jobs.c.status, _jobs.c.parts, _jobs.c.samples, _jobs.c.cache_key)
+            select(
+                _jobs.c.status,
+                _jobs.c.parts,
+                _jobs.c.samples,
+                _jobs.c.cache_key,
+                _jobs.c.webhook_events,
+            )
             .where(_jobs.c.id == parent_id)
             .with_for_update()
         ).one_or_none()
@@ -152,6 +158,7 @@ def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:
             )
             _discard(session, parent_id)
             ended.append(parent_id)
+            _record_end(session, parent_id, parent.webhook_events, now)
             continue
         done = [p for p in parts if p.status == JobStatus.SUCCEEDED.value]
         values: dict[str, Any] = {"samples_done": sum(p.samples for p in done)}
@@ -164,7 +171,13 @@ def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:
         session.execute(update(_jobs).where(_jobs.c.id == parent_id).values(**values))
         if parent_id in ended:
             _discard(session, parent_id)
+            _record_end(session, parent_id, parent.webhook_events, now)
     return ended
+
+
+def _record_end(session: Session, job_id: str, webhook_events: int | None, now: Any) -> None:
+    if webhooks.wants(webhook_events, webhooks.Event.COMPLETED):
+        webhooks.record(session=session, event=webhooks.Event.COMPLETED, job_ids=[job_id], at=now)
 
 
 def stranded(*, session: Session, limit: int = 100) -> list[str]:

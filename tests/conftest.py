@@ -69,6 +69,8 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _truncate(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM jobs"))
+        conn.execute(text("DELETE FROM webhook_deliveries"))
+        conn.execute(text("UPDATE tenants SET webhook_secret = NULL"))
         conn.execute(text("DELETE FROM job_cache"))
         conn.execute(text("DELETE FROM model_versions"))
         conn.execute(text("DELETE FROM model_presence"))

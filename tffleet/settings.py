@@ -66,6 +66,23 @@ class Settings(BaseSettings):
     cache_ttl_s: float = Field(default=24 * 3600.0, gt=0)
     cache_max_bytes: int = Field(default=1024**3, ge=0)
 
+    # Webhooks (POST /v1/jobs `webhook`), delivered by the sweeper process (worker/webhooks.py):
+    # how long a delivery is retried before it is given up, the first back-off (each next one
+    # six times longer, up to `webhook_max_backoff_s`, with full jitter), the time limits of one
+    # attempt, and how many attempts are in flight at once, in all and per tenant.
+    webhook_retry_s: float = Field(default=8 * 3600.0, gt=0)
+    webhook_backoff_s: float = Field(default=5.0, gt=0)
+    webhook_max_backoff_s: float = Field(default=3600.0, gt=0)
+    webhook_connect_timeout_s: float = Field(default=5.0, gt=0)
+    webhook_read_timeout_s: float = Field(default=10.0, gt=0)
+    webhook_max_in_flight: int = Field(default=32, ge=1)
+    webhook_max_in_flight_per_tenant: int = Field(default=8, ge=1)
+    # How often the deliverer looks for due deliveries.
+    webhook_poll_s: float = Field(default=1.0, gt=0)
+    # Webhooks to loopback, private, link-local and other non-public addresses: refused unless
+    # true (a receiver on the fleet's own network; the tests' on 127.0.0.1).
+    webhook_allow_private: bool = False
+
     # Batching defaults; a model's own config may override them.
     max_batch_size: int = Field(default=128, ge=1)
     max_queue_delay_ms: float = Field(default=2.0, ge=0)

@@ -33,15 +33,16 @@ from api.schemas import (
     JobOut,
     JobStatusQuery,
     error_responses,
-    job_out,
     json_response,
 )
 from api.state import AppState, StateDep, get_state
 from api.validation import read_binary, validate_inputs
 from db import cache, jobs, standing
+from db import webhooks as db_webhooks
 from db.models import FINISHED, JobStatus
 from db.tenants import Caller, Limits
-from tffleet import tensors
+from db.views import job_out
+from tffleet import tensors, webhooks
 from tffleet.errors import (
     InvalidInput,
     InvalidRequest,
@@ -96,6 +97,12 @@ _BINARY_PARAMETERS = [
         ("version", {"type": "integer", "minimum": 1}, "the model's version."),
         ("priority", {"type": "integer", "minimum": -1000, "maximum": 1000}, "the priority."),
         ("ttl_s", {"type": "integer", "minimum": 1}, "keep the job this long after it ends."),
+        ("webhook", {"type": "string", "maxLength": 2000}, "an http(s) URL for its webhooks."),
+        (
+            "webhook_events",
+            {"type": "string", "examples": ["completed", "start,completed"]},
+            "the webhook's events, comma-separated.",
+        ),
     )
 ]
 _CANCEL_AFTER_PARAMETER = {
@@ -197,6 +204,7 @@ async def submit(
         prepare = functools.partial(_prepare, state, specs, many, cancel_after_s=deadline)
     else:
         raise UnsupportedMediaType(f"Content-Type must be one of {', '.join(_ACCEPTED)}")
+    await _check_webhooks(state, specs, many)
     declared = request.headers.get("content-length", "")
     small = declared.isdigit() and int(declared) < _INLINE_BODY_BYTES
     limits = await state.admission.limits(caller.tenant)
@@ -238,7 +246,7 @@ async def submit(
 # Binary bodies (one job): what each holds, and the query parameters that say the rest.
 _BINARY = (tensors.NPZ, tensors.NPY)
 _ACCEPTED = ("application/json", *_BINARY)
-_QUERY_FIELDS = ("model", "version", "priority", "ttl_s")
+_QUERY_FIELDS = ("model", "version", "priority", "ttl_s", "webhook", "webhook_events")
 
 
 def _media_type(content_type: str) -> str:
@@ -299,8 +307,35 @@ def _binary_spec(request: Request) -> JobCreate:
     """The job a binary body comes with, from the query parameters, checked as a JSON body's
     fields are (with the same messages); its inputs are read from the body later."""
     query = request.query_params
-    fields = {name: query[name] for name in _QUERY_FIELDS if name in query}
+    fields: dict[str, Any] = {name: query[name] for name in _QUERY_FIELDS if name in query}
+    if "webhook_events" in query:
+        fields["webhook_events"] = [
+            event.strip()
+            for given in query.getlist("webhook_events")
+            for event in given.split(",")
+            if event.strip()
+        ]
     return _parse(JobCreate, {**fields, "inputs": {}})
+
+
+async def _check_webhooks(state: AppState, specs: Sequence[JobCreate], many: bool) -> None:
+    """422 naming `webhook` where a job's webhook host is, or resolves to, an address the fleet
+    must not reach (TFFLEET_WEBHOOK_ALLOW_PRIVATE). Resolved off the event loop; only for jobs
+    that have one. The deliverer checks the address again before each attempt."""
+    urls = {spec.webhook: index for index, spec in enumerate(specs) if spec.webhook is not None}
+    if not urls:
+        return
+    allow = state.settings.webhook_allow_private
+
+    def check() -> None:
+        for url, index in urls.items():
+            try:
+                webhooks.check(url, allow_private=allow)
+            except webhooks.WebhookAddressError as exc:
+                where = f"jobs[{index}].webhook" if many else "webhook"
+                raise InvalidInput(f"{where}: {exc}") from None
+
+    await run_in_threadpool(check)
 
 
 def _prepare_binary(
@@ -339,12 +374,14 @@ def _idempotency_key(header: str | None) -> str | None:
 
 def _request_hash(new: Sequence[jobs.NewJob]) -> str:
     """sha256 of what a request asks for once resolved: model, version, priority, retention,
-    deadline (`Cancel-After`, where given), inputs."""
+    deadline (`Cancel-After`, where given), webhook and its events (where given), inputs."""
     digest = hashlib.sha256()
     for job in new:
         head: list[object] = [job.model, job.version, job.priority, job.ttl_s, len(job.inputs)]
         if job.cancel_after_s is not None:  # appended: the hashes of keys stored before hold
             head.append(job.cancel_after_s)
+        if job.webhook is not None:  # likewise
+            head += ["webhook", job.webhook, job.webhook_events]
         digest.update(orjson.dumps(head))
         digest.update(job.inputs)
     return digest.hexdigest()
@@ -414,6 +451,12 @@ def _prepare(
                 tenant=caller.tenant,
                 cache_key=_cache_key(signature, caller.tenant, packed),
                 cancel_after_s=cancel_after_s,
+                webhook=spec.webhook,
+                webhook_events=(
+                    None
+                    if spec.webhook is None
+                    else db_webhooks.bits(spec.webhook_events or ["completed"])
+                ),
             )
         )
     return _with_key(prepared, key) if key is not None else prepared

@@ -7,10 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from api.schemas import ModelList, error_responses, iso_utc, json_response
+from api.schemas import ModelList, error_responses, json_response
 from api.state import StateDep
 from db import clock, presence, registry
 from db.models import ModelPresence
+from db.views import iso_utc
 
 
 def _worker(row: ModelPresence) -> dict[str, Any]:

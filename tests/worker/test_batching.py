@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.schemas import job_out
 from db import jobs, tenants
 from db.models import DEFAULT_TENANT, Job, JobStatus
+from db.views import job_out
 from tffleet import tensors
 from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
 from worker import batching

@@ -219,6 +219,7 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
     from tffleet.broker import PUBLISH_SOCKET_TIMEOUT_S, Publisher, make_celery
     from tffleet.settings import get_settings
     from worker.sweeper import Sweeper
+    from worker.webhooks import Deliverer
 
     settings = get_settings()
     if args.metrics_port:
@@ -234,10 +235,17 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
         settings,
         client,
     )
+    # Webhooks go out from a thread of their own, on connections of their own: a slow
+    # receiver never holds up a sweep (worker/webhooks.py).
+    webhook_engine = make_engine(settings.database_url, pool_size=4)
+    deliverer = Deliverer(make_sessionmaker(webhook_engine), settings).start(stop)
     print(f"tffleet: sweeper, every {settings.sweep_interval_s:g}s", flush=True)
     try:
         sweeper.run(stop)
     finally:
+        stop.set()
+        deliverer.join(timeout=10)
+        webhook_engine.dispose()
         engine.dispose()
         client.close()
     return 0

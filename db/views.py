@@ -1,0 +1,74 @@
+"""A job's JSON form, as `GET /v1/jobs/{id}` shows it: the API's answers (api/schemas.py) and the
+bodies of its webhooks (worker/webhooks.py) are built here, so the two never differ."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row
+
+from db.models import Job, JobStatus
+from db.standing import Standing
+from tffleet import tensors
+from tffleet.announcements import EndedJob
+
+
+def iso_utc(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+def job_out(
+    job: Job | Row[Any] | EndedJob,
+    *,
+    encoding: str = "json",
+    with_outputs: bool = True,
+    standing: Standing | None = None,
+) -> dict[str, Any]:
+    """The JSON form of a job (an ORM object, a plain row, or the job as its worker announced
+    it), with where it stands if it is queued (`db.standing.place`). Built by hand: a poll's hot
+    path."""
+    outputs = None
+    if with_outputs and job.status == JobStatus.SUCCEEDED.value and job.outputs is not None:
+        outputs = {
+            name: tensors.encode(array, encoding=encoding)
+            for name, array in tensors.unpack(job.outputs).items()
+        }
+    return {
+        "id": job.id,
+        "model": job.model,
+        "version": job.version,
+        "status": job.status,
+        "priority": job.priority,
+        "created_at": iso_utc(job.created_at),
+        "started_at": iso_utc(job.started_at),
+        "finished_at": iso_utc(job.finished_at),
+        "attempts": job.attempts,
+        "error": (
+            {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None
+        ),
+        "outputs": outputs,
+        "worker": job.worker,
+        "progress": _progress(job),
+        "cached": bool(getattr(job, "cached", False)),
+        **standing_fields(standing),
+        "deadline_at": iso_utc(job.deadline_at),
+    }
+
+
+def standing_fields(standing: Standing | None) -> dict[str, Any]:
+    """`queue_position` and `eta_s` of a queued job (`db.standing`); null for any other."""
+    if standing is None:
+        return {"queue_position": None, "eta_s": None}
+    eta = standing.eta_s
+    return {
+        "queue_position": standing.queue_position,
+        "eta_s": None if eta is None else round(eta, 3),
+    }
+
+
+def _progress(job: Job | Row[Any] | EndedJob) -> dict[str, int] | None:
+    """How far a job split into parts has come (db/parts.py); None for any other job."""
+    if getattr(job, "parts", None) is None:
+        return None
+    return {"samples": job.samples, "samples_done": job.samples_done or 0}  # type: ignore[union-attr]
