@@ -30,11 +30,15 @@ class Received:
 
 class Receiver:
     """Answers each POST with the next status of `script` (then `then` forever); a 3xx carries a
-    Location to /elsewhere."""
+    Location to /elsewhere. With `fail_each`, the first that many attempts of each `webhook-id`
+    are answered 503."""
 
-    def __init__(self, script: list[int] | None = None, then: int = 200) -> None:
+    def __init__(
+        self, script: list[int] | None = None, then: int = 200, *, fail_each: int = 0
+    ) -> None:
         self.script = list(script or [])
         self.then = then
+        self.fail_each = fail_each
         self.received: list[Received] = []
         self._lock = threading.Lock()
         receiver = self
@@ -44,6 +48,13 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 with receiver._lock:
                     status = receiver.script.pop(0) if receiver.script else receiver.then
+                    seen = sum(
+                        1
+                        for r in receiver.received
+                        if r.headers.get("webhook-id") == self.headers.get("webhook-id")
+                    )
+                    if seen < receiver.fail_each:
+                        status = 503
                     receiver.received.append(
                         Received(self.path, dict(self.headers.items()), body, status)
                     )

@@ -162,6 +162,7 @@ def clean_database(url: str) -> None:
     engine = make_engine(url)
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM jobs"))
+        conn.execute(text("DELETE FROM webhook_deliveries"))
         conn.execute(text("DELETE FROM job_cache"))
         conn.execute(text("DELETE FROM model_versions"))
         conn.execute(text("DELETE FROM model_presence"))
