@@ -62,6 +62,8 @@ class AsyncClient:
         priority: int = 0,
         idempotency_key: str | None = None,
         cancel_after: float | str | timedelta | None = None,
+        webhook: str | None = None,
+        webhook_events: Sequence[str] | None = None,
     ) -> Job:
         return await self._drive(
             plans.submit(
@@ -72,6 +74,8 @@ class AsyncClient:
                 idempotency_key=idempotency_key,
                 retries=self._retries,
                 cancel_after=cancel_after,
+                webhook=webhook,
+                webhook_events=webhook_events,
             )
         )
 
@@ -163,6 +167,10 @@ class AsyncClient:
                 continue
             if not follow.ended:
                 await asyncio.sleep(follow.dropped(None, call))
+
+    async def webhook_secret(self) -> str:
+        """The `whsec_...` secret that signs this key's tenant's webhooks."""
+        return await self._drive(plans.webhook_secret(retries=self._retries))
 
     async def models(self) -> list[ModelInfo]:
         return await self._drive(plans.models(retries=self._retries))

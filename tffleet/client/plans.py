@@ -96,10 +96,13 @@ def _submit_one(
     idempotency_key: str,
     retries: Retries,
     extend: Callable[[Call], Call] = lambda call: call,
+    fields: dict[str, Any] | None = None,
 ) -> Plan[Any]:
     """Send one job's submit (`extend` adds to the request): large arrays as a binary body
     (.npz or .npy, the job's other fields in the query), else JSON; JSON too where the API
-    refuses the binary body (415: an API from before binary bodies, which stored nothing)."""
+    refuses the binary body (415: an API from before binary bodies, which stored nothing).
+    `fields`: more of the job's fields (its webhook), in the body or the query alike."""
+    fields = fields or {}
     binary = binary_inputs(inputs)
     if binary is not None:
         content, content_type = binary
@@ -108,14 +111,26 @@ def _submit_one(
             params["version"] = str(version)
         if priority:
             params["priority"] = str(priority)
+        for name, value in fields.items():
+            params[name] = ",".join(value) if isinstance(value, list) else str(value)
         headers = {"Idempotency-Key": idempotency_key, "Content-Type": content_type}
         call = Call("POST", "/v1/jobs", params=params, content=content, headers=headers)
         try:
             return (yield from send(extend(call), retries))
         except UnsupportedMediaType:
             pass
-    body = _dumps(job_body(model, inputs, version=version, priority=priority))
+    body = _dumps({**job_body(model, inputs, version=version, priority=priority), **fields})
     return (yield from send(extend(_submit_call(body, idempotency_key)), retries))
+
+
+def webhook_fields(webhook: str | None, webhook_events: Sequence[str] | None) -> dict[str, Any]:
+    """A job's `webhook` and `webhook_events`, where given."""
+    fields: dict[str, Any] = {}
+    if webhook is not None:
+        fields["webhook"] = webhook
+    if webhook_events is not None:
+        fields["webhook_events"] = list(webhook_events)
+    return fields
 
 
 def submit(
@@ -127,6 +142,8 @@ def submit(
     idempotency_key: str | None,
     retries: Retries,
     cancel_after: CancelAfter = None,
+    webhook: str | None = None,
+    webhook_events: Sequence[str] | None = None,
 ) -> Plan[Job]:
     answer = yield from _submit_one(
         model,
@@ -136,6 +153,7 @@ def submit(
         idempotency_key=idempotency_key or new_idempotency_key(),
         retries=retries,
         extend=_with_headers(cancel_after_headers(cancel_after)),
+        fields=webhook_fields(webhook, webhook_events),
     )
     return Job.from_wire(answer)
 
@@ -325,6 +343,14 @@ def retry(job_id: str, *, cancel_after: CancelAfter, retries: Retries) -> Plan[J
 def delete(job_id: str, *, retries: Retries) -> Plan[None]:
     # Sent again after a lost answer, a delete that went through answers 404.
     yield from send(Call("DELETE", f"/v1/jobs/{quote(job_id, safe='')}"), retries)
+
+
+def webhook_secret(*, retries: Retries) -> Plan[str]:
+    data = yield from send(Call("GET", "/v1/webhooks/secret"), retries)
+    try:
+        return str(data["secret"])
+    except (KeyError, TypeError) as exc:
+        raise ProtocolError(f"not a webhook secret: {exc!r}") from None
 
 
 def models(*, retries: Retries) -> Plan[list[ModelInfo]]:

@@ -80,13 +80,17 @@ class Client:
         priority: int = 0,
         idempotency_key: str | None = None,
         cancel_after: float | str | timedelta | None = None,
+        webhook: str | None = None,
+        webhook_events: Sequence[str] | None = None,
     ) -> Job:
         """Submit one job (its inputs may hold a batch); returns it `queued`.
 
         The request carries `idempotency_key` (a fresh one if None), so a retry after a lost
         answer, or a later call with the same key and inputs, gets the same job back.
         `cancel_after` (seconds, a timedelta, or "90s", "1h30m"): a job not ended by then is
-        canceled, error `deadline`.
+        canceled, error `deadline`. `webhook`: an http(s) URL that gets the job, signed, on
+        `webhook_events` (`start`, `completed`; default `["completed"]`); check each delivery
+        with `tffleet.webhooks.verify(client.webhook_secret(), headers, body)`.
         """
         return self._drive(
             plans.submit(
@@ -97,6 +101,8 @@ class Client:
                 idempotency_key=idempotency_key,
                 retries=self._retries,
                 cancel_after=cancel_after,
+                webhook=webhook,
+                webhook_events=webhook_events,
             )
         )
 
@@ -196,6 +202,10 @@ class Client:
                 continue
             if not follow.ended:
                 time.sleep(follow.dropped(None, call))
+
+    def webhook_secret(self) -> str:
+        """The `whsec_...` secret that signs this key's tenant's webhooks."""
+        return self._drive(plans.webhook_secret(retries=self._retries))
 
     def models(self) -> list[ModelInfo]:
         return self._drive(plans.models(retries=self._retries))
