@@ -23,13 +23,24 @@ from __future__ import annotations
 
 import base64
 import enum
+import functools
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Table, delete, func, literal, literal_column, or_, select, update
+from sqlalchemy import (
+    Table,
+    bindparam,
+    delete,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -93,12 +104,15 @@ def record(*, session: Session, event: Event, job_ids: Sequence[str], at: dateti
     Call it only with jobs known to want the event (`wants`); it costs one statement, by
     primary key. A second call for the same event changes nothing (unique job, event, time)."""
     if job_ids:
-        dialect = session.get_bind().dialect.name
-        session.execute(record_statement(dialect, event=event, job_ids=job_ids, at=at))
+        statement = record_statement(session.get_bind().dialect.name, event)
+        session.execute(statement, {"w_ids": list(job_ids), "w_at": at})
 
 
-def record_statement(dialect: str, *, event: Event, job_ids: Sequence[str], at: datetime) -> Any:
-    """`record`'s INSERT ... SELECT ... ON CONFLICT DO NOTHING."""
+@functools.cache
+def record_statement(dialect: str, event: Event) -> Any:
+    """`record`'s INSERT ... SELECT ... ON CONFLICT DO NOTHING, of the job ids bound as `w_ids`
+    and the time as `w_at`. Built once: building costs more than running it."""
+    at = bindparam("w_at", type_=WebhookDelivery.at.type)
     if event is Event.START:
         happened = [_jobs.c.status == JobStatus.RUNNING.value, _jobs.c.started_at == at]
     else:
@@ -112,9 +126,9 @@ def record_statement(dialect: str, *, event: Event, job_ids: Sequence[str], at: 
         "url": _jobs.c.webhook,
         "status": literal(DeliveryStatus.PENDING.value),
         "attempts": literal(0),
-        "next_attempt_at": literal(at, WebhookDelivery.next_attempt_at.type),
-        "created_at": literal(at, WebhookDelivery.created_at.type),
-        "at": literal(at, WebhookDelivery.at.type),
+        "next_attempt_at": at,
+        "created_at": at,
+        "at": at,
         "job_status": _jobs.c.status,
         "job_attempts": _jobs.c.attempts,
         "job_started_at": _jobs.c.started_at,
@@ -124,7 +138,7 @@ def record_statement(dialect: str, *, event: Event, job_ids: Sequence[str], at: 
         "job_deadline_at": _jobs.c.deadline_at,
     }
     query = select(*(expr.label(name) for name, expr in columns.items())).where(
-        _jobs.c.id.in_(list(job_ids)),
+        _jobs.c.id.in_(bindparam("w_ids", expanding=True)),
         _jobs.c.webhook_events.op("&")(int(event)) != 0,
         *happened,
     )

@@ -16,6 +16,9 @@ Only jobs of versions that some live worker child holds are published again: the
 queued, without a pile of wake-ups in their queue, until a child loads their version (it wakes
 them itself) or comes back.
 
+The same process delivers webhooks (worker/webhooks.py), on a thread and connections of its own,
+in every sweeper process, the standbys too: a slow receiver never delays a sweep.
+
 One sweeper is active across the fleet: it holds a Redis lock with an expiry and extends it every
 sweep; the others stand by and take over once it lapses. Every step is safe to repeat and to run
 twice at once (the database changes are compare-and-sets, and a claim takes a job once), so a

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import event, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import cache, clock, jobs, parts, tenants, webhooks
@@ -235,25 +235,32 @@ def test_a_tenants_secret_is_made_once(sessions: Sessions) -> None:
     assert first.startswith("whsec_") and other.startswith("whsec_") and first != other
 
 
-def test_recording_reads_jobs_by_primary_key(sessions: Sessions) -> None:
-    """The outbox's INSERT ... SELECT finds its jobs by primary key (PostgreSQL's plan)."""
+def test_recording_reads_jobs_by_an_index(sessions: Sessions) -> None:
+    """The outbox's INSERT ... SELECT finds its jobs by an index (PostgreSQL's plan)."""
     with sessions() as session:
         if session.get_bind().dialect.name != "postgresql":
             pytest.skip("SQLite's planner is not the one that matters")
         # The test's table is small, which PostgreSQL would read whole: forbid that, to see the
         # index it takes on a large one.
         session.execute(text("SET LOCAL enable_seqscan = off"))
-        statement = webhooks.record_statement(
-            "postgresql",
-            event=webhooks.Event.COMPLETED,
-            job_ids=["00000000-0000-7000-8000-000000000000"],
-            at=clock.now(session),
-        )
-        compiled = statement.compile(
-            dialect=session.get_bind().dialect, compile_kwargs={"render_postcompile": True}
-        )
-        rows = session.connection().exec_driver_sql(
-            "EXPLAIN " + str(compiled), compiled.construct_params()
-        )
-        plan = "\n".join(row[0] for row in rows)
-    assert "jobs_pkey" in plan, plan
+        statement = webhooks.record_statement("postgresql", webhooks.Event.COMPLETED)
+        params = {"w_ids": ["00000000-0000-7000-8000-000000000000"], "w_at": clock.now(session)}
+        connection = session.connection()
+        plans: list[str] = []
+
+        def explain(conn: Any, cursor: Any, sql: str, parameters: Any, *_: Any) -> Any:
+            return "EXPLAIN " + sql, parameters
+
+        def read(conn: Any, cursor: Any, *_: Any) -> None:
+            plans.extend(row[0] for row in cursor.fetchall())
+
+        event.listen(connection, "before_cursor_execute", explain, retval=True)
+        event.listen(connection, "after_cursor_execute", read)
+        try:
+            session.execute(statement, params)
+        finally:
+            event.remove(connection, "before_cursor_execute", explain)
+            event.remove(connection, "after_cursor_execute", read)
+        plan = "\n".join(plans)
+    # By its primary key, or by `finished_at` (equal to the one bound): one row either way.
+    assert "Index Scan" in plan and "Seq Scan" not in plan, plan

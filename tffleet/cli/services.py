@@ -37,7 +37,9 @@ def add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     worker.set_defaults(func=cmd_worker)
 
     sweeper = sub.add_parser(
-        "sweeper", help="requeue jobs of lost workers, republish lost wake-ups, purge old results"
+        "sweeper",
+        help="requeue jobs of lost workers, republish lost wake-ups, purge old results, "
+        "deliver webhooks",
     )
     sweeper.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     sweeper.add_argument("--metrics-address", default="127.0.0.1")
