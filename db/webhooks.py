@@ -202,6 +202,8 @@ def lease(
             .where(_deliveries.c.tenant == tenant, *_due(now))
             .order_by(_deliveries.c.next_attempt_at)
             .limit(take)
+            # Rows another deliverer is leasing right now: left to it, not waited for.
+            .with_for_update(skip_locked=True)
         ).all()
     if not chosen:
         return []

@@ -196,6 +196,20 @@ def test_a_dead_receiver_holds_only_its_tenants_slots(sessions: Sessions, delive
     assert got.json["id"] == job_id
 
 
+def test_two_deliverers_send_each_delivery_once(sessions: Sessions, deliver: Start) -> None:
+    with Receiver() as receiver:
+        for _ in range(40):
+            job_id = submit(sessions, receiver.url, events=webhooks.Event.COMPLETED)
+            with sessions.begin() as session:
+                jobs.cancel(session=session, job_id=job_id)
+        deliver()
+        deliver()
+        receiver.wait_for(40)
+        time.sleep(0.5)
+    ids = [hit.headers["webhook-id"] for hit in receiver.received]
+    assert len(ids) == len(set(ids)) == 40
+
+
 def test_the_back_off_grows_with_full_jitter() -> None:
     settings = Settings(webhook_backoff_s=5, webhook_max_backoff_s=3600)
     ceilings = [5, 30, 180, 1080, 3600, 3600]
