@@ -46,3 +46,16 @@ async def test_the_secret_verifies_what_it_signs(api: InProcess) -> None:  # noq
     assert webhooks.verify(secret, headers, body) == {"id": "j", "status": "succeeded"}
     with pytest.raises(webhooks.WebhookVerificationError):
         webhooks.verify(secret, headers, body + b" ")
+
+
+async def test_submit_many_sends_the_webhook_with_every_job(
+    api: InProcess,  # noqa: F811
+    sqlite_url: str,
+) -> None:
+    jobs = await api.client.submit_many(
+        "double", [samples(1)] * 3, chunk_size=2, webhook=PUBLIC, webhook_events=["start"]
+    )
+    assert len(jobs) == 3
+    assert {stored(sqlite_url, job.id) for job in jobs} == {(PUBLIC, 1)}
+    plain = await api.client.submit_many("double", [samples(1)])
+    assert stored(sqlite_url, plain[0].id) == (None, None)

@@ -48,6 +48,16 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="DURATION",
         help="cancel a job not ended by then: seconds (30, 1.5) or 90s, 5m, 1h30m, 250ms",
     )
+    submit.add_argument(
+        "--webhook",
+        metavar="URL",
+        help="an http(s) URL that gets each job, signed, at the events of --webhook-events",
+    )
+    submit.add_argument(
+        "--webhook-events",
+        metavar="EVENTS",
+        help="with --webhook: start, completed or start,completed (default completed)",
+    )
     submit.add_argument("--wait", action="store_true", help="wait and print the results as JSON")
     submit.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S s")
     submit.add_argument("--output", metavar="FILE", help="wait, and save the outputs to FILE.npz")
@@ -137,6 +147,9 @@ def _submit(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else None
     if output is not None and output.suffix != ".npz":
         raise UsageError(f"{output}: --output must name a .npz file")
+    webhook_events = webhook_events_of(args.webhook_events)
+    if webhook_events is not None and args.webhook is None:
+        raise UsageError("--webhook-events needs --webhook")
     inputs = read_inputs(args.input)
     with Client(args.url) as client:
         if not args.split:
@@ -146,6 +159,8 @@ def _submit(args: argparse.Namespace) -> int:
                 version=args.version,
                 priority=args.priority,
                 cancel_after=args.cancel_after,
+                webhook=args.webhook,
+                webhook_events=webhook_events,
             )
             if not (args.wait or output):
                 print(job.id)
@@ -159,6 +174,8 @@ def _submit(args: argparse.Namespace) -> int:
                 priority=args.priority,
                 progress=None,
                 cancel_after=args.cancel_after,
+                webhook=args.webhook,
+                webhook_events=webhook_events,
             )
             if not (args.wait or output):
                 print("\n".join(job.id for job in submitted))
@@ -211,6 +228,16 @@ def _delete(args: argparse.Namespace) -> int:
         client.delete(args.job_id)
     print(f"tffleet: deleted job {args.job_id}", file=sys.stderr)
     return 0
+
+
+def webhook_events_of(given: str | None) -> list[str] | None:
+    """`--webhook-events start,completed` as a list; the API refuses an unknown event."""
+    if given is None:
+        return None
+    events = [event.strip() for event in given.split(",") if event.strip()]
+    if not events:
+        raise UsageError("--webhook-events: expected start, completed or start,completed")
+    return events
 
 
 def read_inputs(source: str) -> Any:

@@ -91,6 +91,8 @@ class AsyncClient:
         idempotency_key: str | None = None,
         progress: bool | None = False,
         cancel_after: float | str | timedelta | None = None,
+        webhook: str | None = None,
+        webhook_events: Sequence[str] | None = None,
     ) -> list[Job]:
         return await self._drive(
             plans.submit_many(
@@ -104,6 +106,8 @@ class AsyncClient:
                 progress=progress,
                 retries=self._retries,
                 cancel_after=cancel_after,
+                webhook=webhook,
+                webhook_events=webhook_events,
             )
         )
 

@@ -170,18 +170,22 @@ def submit_many(
     progress: bool | None,
     retries: Retries,
     cancel_after: CancelAfter = None,
+    webhook: str | None = None,
+    webhook_events: Sequence[str] | None = None,
 ) -> Plan[list[Job]]:
     """One bulk request per `chunk_size` jobs or `chunk_bytes` of body, in order.
 
     Each request is stored all or none. If one is refused, the jobs of the earlier ones stay
     submitted: the error's `.submitted` lists them, and its message counts jobs from the first.
     With an `idempotency_key`, request n carries "KEY.n": the same call again (same inputs and
-    chunking) gets the jobs stored before instead of new ones.
+    chunking) gets the jobs stored before instead of new ones. `webhook` and `webhook_events`
+    go with every job.
     """
     if not 1 <= chunk_size <= MAX_JOBS_PER_REQUEST:
         raise ValueError(f"chunk_size must be 1 to {MAX_JOBS_PER_REQUEST}, got {chunk_size}")
+    fields = webhook_fields(webhook, webhook_events)
     bodies = (
-        _dumps(job_body(model, inputs, version=version, priority=priority))
+        _dumps({**job_body(model, inputs, version=version, priority=priority), **fields})
         for inputs in inputs_list
     )
     total = len(inputs_list) if isinstance(inputs_list, Sized) else None

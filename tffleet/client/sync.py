@@ -118,10 +118,13 @@ class Client:
         idempotency_key: str | None = None,
         progress: bool | None = False,
         cancel_after: float | str | timedelta | None = None,
+        webhook: str | None = None,
+        webhook_events: Sequence[str] | None = None,
     ) -> list[Job]:
         """One job per item of `inputs_list` (each with its batch dimension: `x[i : i + 1]`,
         not `x[i]`), sent in bulk requests of `chunk_size` jobs or `chunk_bytes`; returns the
-        jobs in order. A refused request raises with `.submitted`, the jobs stored before it."""
+        jobs in order. A refused request raises with `.submitted`, the jobs stored before it.
+        `cancel_after`, `webhook` and `webhook_events` apply to every job, as in `submit`."""
         return self._drive(
             plans.submit_many(
                 model,
@@ -134,6 +137,8 @@ class Client:
                 progress=progress,
                 retries=self._retries,
                 cancel_after=cancel_after,
+                webhook=webhook,
+                webhook_events=webhook_events,
             )
         )
 
