@@ -396,7 +396,10 @@ def _claim_ids(
     lease_s: float,
     worker: str,
     fresh_only: bool = False,
+    canceled: list[str] | None = None,
 ) -> list[Lease]:
+    """Claim the named jobs; those past their deadline are canceled instead, and their ids
+    appended to `canceled` (for the caller to announce once this transaction commits)."""
     if not job_ids:
         return []
     now = clock.now(session)
@@ -412,9 +415,11 @@ def _claim_ids(
     ).all()
     if len(rows) < len(job_ids):  # taken by another claimer, ended, or past its deadline
         claimed = {row.id for row in rows}
-        cancel_overdue(
+        late = cancel_overdue(
             session=session, now=now, among=[i for i in job_ids if i not in claimed], queued=True
         )
+        if canceled is not None:
+            canceled.extend(late)
     started = [row.id for row in rows if webhooks.wants(row.webhook_events, webhooks.Event.START)]
     webhooks.record(session=session, event=webhooks.Event.START, job_ids=started, at=now)
     inputs: dict[str, bytes] = (
@@ -442,11 +447,23 @@ def _claim_ids(
 
 
 def claim(
-    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
+    *,
+    session: Session,
+    job_ids: Sequence[str],
+    owner: str,
+    lease_s: float,
+    worker: str = "",
+    canceled: list[str] | None = None,
 ) -> list[Lease]:
-    """Claim the named jobs that are still queued; the others are skipped (taken or ended)."""
+    """Claim the named jobs that are still queued; the others are skipped (taken or ended).
+    Those past their deadline are canceled: their ids go to `canceled`, to be announced."""
     leases = _claim_ids(
-        session=session, job_ids=job_ids, owner=owner, lease_s=lease_s, worker=worker or owner
+        session=session,
+        job_ids=job_ids,
+        owner=owner,
+        lease_s=lease_s,
+        worker=worker or owner,
+        canceled=canceled,
     )
     order = {job_id: i for i, job_id in enumerate(job_ids)}
     return sorted(leases, key=lambda lease: order[lease.job_id])
@@ -495,13 +512,15 @@ def claim_next(
     worker: str = "",
     take_oversized: bool = True,
     fresh_only: bool = False,
+    canceled: list[str] | None = None,
 ) -> list[Lease]:
     """Claim queued jobs of one model version, up to `max_samples` samples: the tenants that
     wait take turns (fair share, weighted), and a tenant's own jobs go by priority, then age.
 
     A job larger than `max_samples` is taken only alone (the worker runs it in chunks), and only
     with `take_oversized` (a caller that already holds jobs passes False: it has room for less).
-    With `fresh_only`, only jobs never claimed before.
+    With `fresh_only`, only jobs never claimed before. A chosen job past its deadline is
+    canceled instead of claimed; its id goes to `canceled` (for the caller to announce).
     """
     if max_samples <= 0:
         return []
@@ -520,7 +539,12 @@ def claim_next(
     }
     chosen = _fair_fill(queues, room=max_samples, take_oversized=take_oversized)
     leases = _claim_ids(
-        session=session, job_ids=chosen, owner=owner, lease_s=lease_s, worker=worker or owner
+        session=session,
+        job_ids=chosen,
+        owner=owner,
+        lease_s=lease_s,
+        worker=worker or owner,
+        canceled=canceled,
     )
     rank = {job_id: i for i, job_id in enumerate(chosen)}
     return sorted(leases, key=lambda lease: rank[lease.job_id])
@@ -586,9 +610,16 @@ def claim_next_fresh(**kwargs: Any) -> list[Lease]:
 
 
 def claim_retried(
-    *, session: Session, job_ids: Sequence[str], owner: str, lease_s: float, worker: str = ""
+    *,
+    session: Session,
+    job_ids: Sequence[str],
+    owner: str,
+    lease_s: float,
+    worker: str = "",
+    canceled: list[str] | None = None,
 ) -> Lease | None:
-    """Claim one of the named queued jobs that were claimed before (the oldest), to run alone."""
+    """Claim one of the named queued jobs that were claimed before (the oldest), to run alone;
+    one past its deadline is canceled instead, its id put in `canceled` (to be announced)."""
     if not job_ids:
         return None
     job_id = session.scalars(
@@ -601,7 +632,12 @@ def claim_retried(
     if job_id is None:
         return None
     leases = _claim_ids(
-        session=session, job_ids=[job_id], owner=owner, lease_s=lease_s, worker=worker or owner
+        session=session,
+        job_ids=[job_id],
+        owner=owner,
+        lease_s=lease_s,
+        worker=worker or owner,
+        canceled=canceled,
     )
     return leases[0] if leases else None
 

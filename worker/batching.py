@@ -450,6 +450,7 @@ class Batcher:
             if self.draining():
                 self._leave(task.model, task.version, retried)
                 break
+            canceled: list[str] = []
             with self.sessions.begin() as session:
                 lease = jobs.claim_retried(
                     session=session,
@@ -457,9 +458,15 @@ class Batcher:
                     owner=self.owner,
                     lease_s=self.lease_s,
                     worker=self._worker,
+                    canceled=canceled,
                 )
+            self._announce_canceled(canceled)
             if lease is None:
-                break
+                if not canceled:
+                    break
+                # The oldest was past its deadline: the others may still run.
+                retried = [job_id for job_id in retried if job_id not in canceled]
+                continue
             retried.remove(lease.job_id)
             ran = self._forward(task, self._hold(task, [lease]))
             report.add(self._write(task, ran))
@@ -498,15 +505,20 @@ class Batcher:
         self, *, model: str, version: int, job_ids: Sequence[str], message: str
     ) -> BatchReport:
         """End the named jobs still queued `failed`/`model_error` (this child cannot run them)."""
+        canceled: list[str] = []
         with self.sessions.begin() as session:
             leases = jobs.claim(
-                session=session, job_ids=job_ids, owner=self.owner, lease_s=self.lease_s
+                session=session,
+                job_ids=job_ids,
+                owner=self.owner,
+                lease_s=self.lease_s,
+                canceled=canceled,
             )
             jobs.fail(
                 session=session, leases=leases, code=JobErrorCode.MODEL_ERROR, message=message
             )
         metrics.JOBS_FINISHED.labels(model, "failed").inc(len(leases))
-        self.notify([lease.job_id for lease in leases])
+        self.notify([lease.job_id for lease in leases] + canceled)
         return BatchReport(claimed=len(leases), failed=len(leases), written=len(leases))
 
     def _put_back(self, task: _Task, named: Sequence[str], following: _Next) -> _Next:
@@ -566,8 +578,7 @@ class Batcher:
         """
         deadline = time.monotonic() + policy.max_queue_delay_ms / 1000
         topped_up = False
-        with self.sessions.begin() as session:
-            claimed = self._top_up(session, model, version, leases, policy)
+        claimed = self._top_up(model, version, leases, policy)
         # The first job is the one the wake-up was for; any more were waiting beside it.
         leases.extend(claimed[:1])
         more = claimed[1:]
@@ -578,31 +589,38 @@ class Batcher:
                 break
             if not more:
                 time.sleep(_TOP_UP_POLL_S)
-            with self.sessions.begin() as session:
-                more = self._top_up(session, model, version, leases, policy)
+            more = self._top_up(model, version, leases, policy)
         self._queue_busy = topped_up
 
     def _top_up(
-        self,
-        session: Session,
-        model: str,
-        version: int,
-        leases: Sequence[Lease],
-        policy: BatchPolicy,
+        self, model: str, version: int, leases: Sequence[Lease], policy: BatchPolicy
     ) -> list[Lease]:
+        """Claim more jobs, in a transaction of its own; announce those it canceled instead
+        (past their deadline) once it commits, as the sweeper announces its deadline cancels."""
         room = policy.max_batch_size - sum(lease.samples for lease in leases)
         if room <= 0:
             return []
-        return jobs.claim_next_fresh(
-            session=session,
-            model=model,
-            version=version,
-            owner=self.owner,
-            lease_s=self.lease_s,
-            max_samples=room,
-            take_oversized=not leases,
-            worker=self._worker,
-        )
+        canceled: list[str] = []
+        with self.sessions.begin() as session:
+            claimed = jobs.claim_next_fresh(
+                session=session,
+                model=model,
+                version=version,
+                owner=self.owner,
+                lease_s=self.lease_s,
+                max_samples=room,
+                take_oversized=not leases,
+                worker=self._worker,
+                canceled=canceled,
+            )
+        self._announce_canceled(canceled)
+        return claimed
+
+    def _announce_canceled(self, canceled: Sequence[str]) -> None:
+        """Jobs a committed claim canceled for their deadline: their long-polls and event
+        streams hear of it now, not at their next re-read."""
+        if canceled:
+            self.notify(list(canceled))
 
     def _time_out(self, batch: Running) -> None:
         """End a batch that ran past its time limit, then call `on_timeout`. The heartbeat

@@ -69,6 +69,7 @@ def submit(
     version: int = 1,
     priority: int = 0,
     tenant: str = DEFAULT_TENANT,
+    cancel_after_s: float | None = None,
 ) -> str:
     new = jobs.NewJob(
         model=model,
@@ -77,6 +78,7 @@ def submit(
         inputs=tensors.pack({"x": x}),
         priority=priority,
         tenant=tenant,
+        cancel_after_s=cancel_after_s,
     )
     with sessions.begin() as session:
         tenants.ensure_tenant(session=session, name=tenant)
@@ -584,6 +586,56 @@ def test_notify_receives_every_claimed_job_id_once_the_batch_is_written(
     assert sorted(batch.notified[0]) == sorted([named, failing, topped_up])
     for job_id in batch.notified[0]:
         assert JobStatus(read(sessions, job_id).status).finished
+
+
+def test_a_job_the_claim_cancels_for_its_deadline_is_announced_at_once(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    late = submit(sessions, samples(1, seed=0), cancel_after_s=0.001)
+    in_time = submit(sessions, samples(1, seed=1), cancel_after_s=60)
+    time.sleep(0.05)
+    runner = FakeRunner()
+
+    report = batch.run([late, in_time], runner)
+
+    assert report.claimed == 1 and runner.sizes == [1]
+    job = read(sessions, late)
+    assert job.status == JobStatus.CANCELED and job.error_code == "deadline"
+    # Announced once its claim committed, before the batch it was not part of was written.
+    assert batch.notified == [[late], [in_time]]
+    assert read(sessions, in_time).status == JobStatus.SUCCEEDED
+
+
+def test_a_job_claimed_before_and_now_past_its_deadline_is_announced_and_the_next_runs(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    late = submit(sessions, samples(1, seed=0), cancel_after_s=0.5)
+    other = submit(sessions, samples(1, seed=1))
+    with sessions.begin() as session:  # both were lost once: each runs alone
+        leases = jobs.claim(session=session, job_ids=[late, other], owner="gone", lease_s=30)
+        jobs.release(session=session, leases=leases)
+    time.sleep(0.6)
+    runner = FakeRunner()
+
+    batch.run([late, other], runner)
+
+    assert read(sessions, late).status == JobStatus.CANCELED
+    assert read(sessions, other).status == JobStatus.SUCCEEDED and runner.sizes == [1]
+    assert batch.notified == [[late], [other]]
+
+
+def test_a_job_the_claim_cancels_while_failing_unservable_jobs_is_announced(
+    sessions: Sessions, batch: BatchRun
+) -> None:
+    late = submit(sessions, samples(1, seed=0), cancel_after_s=0.001)
+    other = submit(sessions, samples(1, seed=1))
+    time.sleep(0.05)
+
+    batch.batcher.fail_named(model="m", version=1, job_ids=[late, other], message="no model")
+
+    assert batch.notified == [[other, late]]
+    assert read(sessions, late).status == JobStatus.CANCELED
+    assert read(sessions, other).status == JobStatus.FAILED
 
 
 def test_a_job_canceled_while_running_keeps_no_result(sessions: Sessions, batch: BatchRun) -> None:
