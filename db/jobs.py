@@ -153,7 +153,13 @@ class Lease:
 
 
 _QUEUED = _jobs.c.status == JobStatus.QUEUED.value
-_NEVER_CLAIMED = _jobs.c.attempts == 0
+# Never claimed in this run: since its submit, or since a client's `retry` (which starts a run
+# afresh: `budget_from` = its attempts then). A job taken back in this run runs alone (Isolation).
+# `<=` means `=` (attempts never falls below budget_from), written so for PostgreSQL's planner: it
+# guesses a column equal to another column at 0.5% of rows, and then sorts the whole queue
+# instead of walking ix_jobs_pick (tests/db/test_claim_plan.py); `<=` it guesses at a third.
+_NEVER_CLAIMED = _jobs.c.attempts <= _jobs.c.budget_from
+_CLAIMED_BEFORE = _jobs.c.attempts > _jobs.c.budget_from
 
 
 _UNFINISHED = _jobs.c.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value])
@@ -519,7 +525,7 @@ def claim_next(
 
     A job larger than `max_samples` is taken only alone (the worker runs it in chunks), and only
     with `take_oversized` (a caller that already holds jobs passes False: it has room for less).
-    With `fresh_only`, only jobs never claimed before. A chosen job past its deadline is
+    With `fresh_only`, only jobs never claimed in this run. A chosen job past its deadline is
     canceled instead of claimed; its id goes to `canceled` (for the caller to announce).
     """
     if max_samples <= 0:
@@ -583,12 +589,14 @@ def _fair_fill(queues: dict[str, _TenantQueue], *, room: int, take_oversized: bo
 
 
 # ─── Isolation ────────────────────────────────────────────────────────────────────────────────────
-# A job claimed before that did not end (its worker died, its batch ran past its time
+# A job claimed before in this run that did not end (its worker died, its batch ran past its time
 # limit, its result could not be written) may be what went wrong: from then on it runs alone, so a
-# job that crashes its worker costs no other job an attempt. `attempts > 0` on a queued job marks
-# it. The choice holds when the rows move: the claim's compare-and-set re-checks `attempts = 0`
-# (`fresh_only`), and `claim_retried` chooses with SELECT ... FOR UPDATE before `_claim_ids` moves
-# the row (PostgreSQL; SQLite serializes writers).
+# job that crashes its worker costs no other job an attempt. `attempts > budget_from` on a queued
+# job marks it; a client's `retry` starts a new run (`budget_from` = `attempts`), so a retried
+# job batches with the others again. The choice holds when the rows move: the claim's
+# compare-and-set re-checks `attempts = budget_from` (`fresh_only`), and `claim_retried` chooses
+# with SELECT ... FOR UPDATE before `_claim_ids` moves the row (PostgreSQL; SQLite serializes
+# writers).
 
 
 def still_queued(*, session: Session, job_ids: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -596,16 +604,16 @@ def still_queued(*, session: Session, job_ids: Sequence[str]) -> tuple[list[str]
     if not job_ids:
         return [], []
     rows = session.execute(
-        select(_jobs.c.id, _jobs.c.attempts)
+        select(_jobs.c.id, _CLAIMED_BEFORE.label("claimed_before"))
         .where(_jobs.c.id.in_(list(job_ids)), _QUEUED)
         .order_by(_jobs.c.id)
     ).all()
-    return [r.id for r in rows if r.attempts == 0], [r.id for r in rows if r.attempts > 0]
+    return [r.id for r in rows if not r.claimed_before], [r.id for r in rows if r.claimed_before]
 
 
 def claim_next_fresh(**kwargs: Any) -> list[Lease]:
-    """`claim_next` for jobs never claimed before: what tops a batch up (a job lost once runs
-    alone, see `claim_retried`)."""
+    """`claim_next` for jobs never claimed in this run (since their submit or a client's
+    `retry`): what tops a batch up (a job lost once runs alone, see `claim_retried`)."""
     return claim_next(**kwargs, fresh_only=True)
 
 
@@ -618,13 +626,13 @@ def claim_retried(
     worker: str = "",
     canceled: list[str] | None = None,
 ) -> Lease | None:
-    """Claim one of the named queued jobs that were claimed before (the oldest), to run alone;
+    """Claim one of the named queued jobs claimed before in this run (the oldest), to run alone;
     one past its deadline is canceled instead, its id put in `canceled` (to be announced)."""
     if not job_ids:
         return None
     job_id = session.scalars(
         select(_jobs.c.id)
-        .where(_jobs.c.id.in_(job_ids), _QUEUED, _jobs.c.attempts > 0)
+        .where(_jobs.c.id.in_(job_ids), _QUEUED, _CLAIMED_BEFORE)
         .order_by(_jobs.c.id)
         .limit(1)
         .with_for_update()
@@ -1216,7 +1224,7 @@ def queued_ids(
 
 
 def some_queued(*, session: Session, model: str, version: int, limit: int) -> list[str]:
-    """Up to `limit` ids of queued jobs of one model version never claimed before, in no
+    """Up to `limit` ids of queued jobs of one model version never claimed in this run, in no
     particular order: a hint for a wake-up (the claim decides what runs), read from the index
     without sorting the queue. Jobs claimed before have wake-ups of their own."""
     query = (

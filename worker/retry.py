@@ -18,10 +18,11 @@ Every path by which a job runs again
    `TFFLEET_MAX_ATTEMPTS`-th claim (default 3) ends `failed` / `worker_lost` instead of going
    back: a job that kills its worker cannot loop forever (`db.jobs.take_back_from`,
    `db.jobs.expire_leases`).
-4. Alone after a loss. A queued job with `attempts > 0` was claimed before and did not end: it
-   may be what went wrong, so it never shares a batch again. Batches take only jobs never claimed
-   (`db.jobs.claim_next_fresh`); such a job runs alone (`db.jobs.claim_retried`,
-   `Batcher.run`), and a job that crashes its child costs no other job an attempt.
+4. Alone after a loss. A queued job with `attempts > budget_from` was claimed before in this run
+   and did not end: it may be what went wrong, so it never shares a batch again in this run.
+   Batches take only jobs never claimed in this run (`db.jobs.claim_next_fresh`); such a job runs
+   alone (`db.jobs.claim_retried`, `Batcher.run`), and a job that crashes its child costs no
+   other job an attempt. A client's retry (10) starts a new run: the job batches again.
 5. A batch ran past its time limit (`timeout_s` in model.toml, else `TFFLEET_JOB_TIMEOUT_S`). A
    lone job fails `timeout`; the jobs of a larger batch are handed back and each runs alone (4), so
    only the slow one fails. The child then ends itself, as the forward pass holds the device
@@ -39,7 +40,8 @@ Every path by which a job runs again
    second job.
 10. A client asks for it: `POST /v1/jobs/{id}/retry` queues a failed or canceled job again under
    its id (`db.jobs.retry`), published as a new job is. `attempts` keeps counting; the attempt
-   budget (3) counts only the claims since the retry (`budget_from`).
+   budget (3) counts only the claims since the retry (`budget_from`), and it batches with other
+   jobs as a new one does until it is lost again (4).
 
 What never runs again
 ---------------------

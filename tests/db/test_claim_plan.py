@@ -4,6 +4,10 @@
 highest first, then age), so PostgreSQL walks the index and stops at the batch's limit. With the
 ascending index it had, it sorted the tenant's whole queue on every claim: 40 to 66 ms per claim
 at 64,000 queued jobs, against 0.1 ms.
+
+"Never claimed in this run" is `attempts <= budget_from` (equal, as attempts never falls below
+it), not `attempts = budget_from`: PostgreSQL estimates a column equal to another column at 0.5%
+of the rows, too few to walk the index for, and planned a Seq Scan and a Sort of the whole queue.
 """
 
 from __future__ import annotations
@@ -39,3 +43,4 @@ def test_postgres_claims_by_priority_from_the_index_without_sorting_the_queue(
 
     assert "ix_jobs_pick" in plan, plan
     assert "Sort" not in plan, plan
+    assert "Seq Scan" not in plan, plan

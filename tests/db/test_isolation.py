@@ -61,6 +61,54 @@ def test_claim_next_fresh_never_tops_a_batch_up_with_a_job_lost_before(
     assert status(sessions, old[0]) == (JobStatus.QUEUED, 1)
 
 
+def retry_by_client(sessions: Sessions, job_id: str) -> None:
+    """Run the job and cancel it, then `POST /v1/jobs/{id}/retry`: queued, attempts 1, a new run."""
+    with sessions.begin() as session:
+        jobs.claim(session=session, job_ids=[job_id], owner="w0", lease_s=60)
+        jobs.cancel(session=session, job_id=job_id)
+    with sessions.begin() as session:
+        jobs.retry(session=session, job_id=job_id)
+
+
+def claim_fresh(sessions: Sessions) -> list[str]:
+    with sessions.begin() as session:
+        leases = jobs.claim_next_fresh(
+            session=session, model="m", version=1, owner="w1", lease_s=60, max_samples=10
+        )
+    return [lease.job_id for lease in leases]
+
+
+def test_a_job_a_client_retried_starts_a_new_run_and_batches_with_fresh_ones(
+    make_jobs: MakeJobs, sessions: Sessions
+) -> None:
+    retried, fresh_a, fresh_b = make_jobs(3)
+    retry_by_client(sessions, retried)
+    assert status(sessions, retried) == (JobStatus.QUEUED, 1)
+    with sessions() as session:
+        assert jobs.still_queued(session=session, job_ids=[retried]) == ([retried], [])
+
+    assert claim_fresh(sessions) == [retried, fresh_a, fresh_b]
+    assert status(sessions, retried) == (JobStatus.RUNNING, 2)
+
+
+def test_a_retried_job_whose_lease_was_taken_back_runs_alone_again(
+    make_jobs: MakeJobs, sessions: Sessions
+) -> None:
+    retried, fresh = make_jobs(2)
+    retry_by_client(sessions, retried)
+    lose(sessions, [retried])  # claimed in its new run, then handed back: attempts 2
+    with sessions() as session:
+        assert jobs.still_queued(session=session, job_ids=[retried, fresh]) == (
+            [fresh],
+            [retried],
+        )
+
+    assert claim_fresh(sessions) == [fresh]
+    with sessions.begin() as session:
+        lease = jobs.claim_retried(session=session, job_ids=[retried], owner="w2", lease_s=60)
+    assert lease is not None and lease.job_id == retried and lease.attempt == 3
+
+
 def test_claim_retried_takes_one_job_at_a_time_oldest_first(
     make_jobs: MakeJobs, sessions: Sessions
 ) -> None:
