@@ -8,9 +8,17 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs, tenants
-from db.models import DEFAULT_TENANT
+from db.models import DEFAULT_TENANT, Job
 
 MakeJobs = Callable[..., list[str]]
+
+
+def read(sessions: sessionmaker[Session], job_id: str) -> Job:
+    """The job as stored now, outputs loaded."""
+    with sessions() as session:
+        job = jobs.get(session=session, job_id=job_id)
+        _ = job.outputs  # deferred: load it before the session closes
+        return job
 
 
 @pytest.fixture

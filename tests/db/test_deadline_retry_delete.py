@@ -13,17 +13,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import cache, clock, jobs, parts, tenants
 from db.models import CacheEntry, Job, JobErrorCode, JobInput, JobStatus
+from tests.db.conftest import read
 from tffleet import tensors
 from tffleet.errors import InputsGone, JobNotEnded, JobNotFound, JobNotRetryable
 
 Sessions = sessionmaker[Session]
-
-
-def read(sessions: Sessions, job_id: str) -> Job:
-    with sessions() as session:
-        job = jobs.get(session=session, job_id=job_id)
-        _ = job.outputs  # deferred: load it before the session closes
-        return job
 
 
 def create(

@@ -13,18 +13,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs
 from db.clock import utcnow
-from db.models import Job, JobErrorCode, JobStatus
-from tests.db.conftest import MakeJobs
+from db.models import JobErrorCode, JobStatus
+from tests.db.conftest import MakeJobs, read
 from tffleet.errors import InvalidRequest, JobAlreadyFinished, JobNotFound
 
 Sessions = sessionmaker[Session]
-
-
-def read(sessions: Sessions, job_id: str) -> Job:
-    with sessions() as session:
-        job = jobs.get(session=session, job_id=job_id)
-        _ = job.outputs  # deferred: load it before the session closes
-        return job
 
 
 def claim(sessions: Sessions, job_ids: list[str], owner: str = "w1") -> list[jobs.Lease]:
