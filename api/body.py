@@ -28,8 +28,12 @@ def _is_json(content_type: str) -> bool:
 _INLINE_PARSE_BYTES = 64 * 1024
 
 
-async def read_json(request: Request, *, max_bytes: int, max_items: int) -> Any:
-    if not _is_json(request.headers.get("content-type", "")):
+async def read_json(
+    request: Request, *, max_bytes: int, max_items: int, any_type: bool = False
+) -> Any:
+    """The parsed body. `any_type`: whatever its Content-Type says (TF Serving's clients, `curl
+    -d` among them, send none or a form's)."""
+    if not any_type and not _is_json(request.headers.get("content-type", "")):
         raise UnsupportedMediaType("Content-Type must be application/json")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:

@@ -153,6 +153,18 @@ def list_versions(*, session: Session) -> list[ModelVersion]:
     )
 
 
+def versions_of(
+    *, session: Session, name: str, live_since: datetime
+) -> list[tuple[ModelVersion, bool]]:
+    """A model's registered versions, oldest first, each with whether a live child has it
+    loaded (a retired one included: it still runs its queued jobs)."""
+    loaded = _loaded_versions(session, name, live_since)
+    found = session.scalars(
+        select(ModelVersion).where(ModelVersion.name == name).order_by(ModelVersion.version)
+    )
+    return [(m, m.version in loaded) for m in found]
+
+
 @dataclass(frozen=True)
 class VersionView:
     """One registered version as the fleet sees it."""

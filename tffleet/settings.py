@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     # Long-polls one API process holds at once; past it a `wait` is answered at once, as a poll.
     max_long_polls: int = Field(default=10_000, ge=0)
+    # How long a protocol facade's request (TF Serving's predict) waits for its job; past it the
+    # answer is 504 naming the job, which runs on and is polled at /v1/jobs/{id}.
+    protocol_wait_s: float = Field(default=30.0, gt=0, le=3600)
     # JSON items (numbers in nested lists, mostly) one body may hold: parsing and converting
     # them holds the API process ~0.5 s per million here, every other request waiting. Large
     # tensors go as binary envelopes instead (413 above; the Python client sends those).
