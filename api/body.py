@@ -24,8 +24,8 @@ def _is_json(content_type: str) -> bool:
     )
 
 
-# Bodies up to this size are parsed on the event loop: a thread hop would cost more.
-_INLINE_PARSE_BYTES = 64 * 1024
+# Bodies up to this size are parsed and checked on the event loop: a thread hop would cost more.
+INLINE_BYTES = 64 * 1024
 
 
 async def read_json(
@@ -52,7 +52,7 @@ async def read_json(
                 f"body holds over {max_items} JSON items (TFFLEET_MAX_JSON_ITEMS); send large "
                 'tensors as binary envelopes {"b64", "dtype", "shape"} (the Python client does)'
             )
-    if len(data) <= _INLINE_PARSE_BYTES:
+    if len(data) <= INLINE_BYTES:
         return _loads(data)
     return await asyncio.to_thread(_loads, data)
 
@@ -62,3 +62,18 @@ def _loads(data: bytes | bytearray) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None
+
+
+async def read_bytes(request: Request, *, max_bytes: int) -> bytes:
+    """The whole body, 413 past `max_bytes`: the chunks as they arrive, joined once."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {max_bytes} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"body is over the limit of {max_bytes} bytes")
+        if chunk:
+            chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

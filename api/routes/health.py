@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from api.schemas import error_responses, json_response
-from api.state import StateDep
+from api.state import AppState, StateDep
 
 router = APIRouter(tags=["health"])
 
@@ -26,26 +26,28 @@ async def healthz() -> Response:
 async def readyz(state: StateDep) -> Response:
     """The database and the broker are reachable."""
 
-    def check() -> dict[str, str]:
-        checks = {}
-        try:
-            with state.reads() as session:
-                session.execute(text("SELECT 1"))
-            checks["database"] = "ok"
-        except Exception as exc:
-            checks["database"] = f"unreachable: {type(exc).__name__}"
-        try:
-            state.publisher.ping()
-            checks["broker"] = "ok"
-        except Exception as exc:
-            checks["broker"] = f"unreachable: {type(exc).__name__}"
-        return checks
-
-    checks = await run_in_threadpool(check)
+    checks = await run_in_threadpool(readiness, state)
     ready = all(v == "ok" for v in checks.values())
     return json_response(
         {"status": "ok" if ready else "unavailable", **checks}, 200 if ready else 503
     )
+
+
+def readiness(state: AppState) -> dict[str, str]:
+    """Whether the database and the broker answer: "ok", or why not, for each."""
+    checks = {}
+    try:
+        with state.reads() as session:
+            session.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"unreachable: {type(exc).__name__}"
+    try:
+        state.publisher.ping()
+        checks["broker"] = "ok"
+    except Exception as exc:
+        checks["broker"] = f"unreachable: {type(exc).__name__}"
+    return checks
 
 
 @router.get("/metrics", response_class=PlainTextResponse, responses=error_responses(403))

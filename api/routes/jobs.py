@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import re
@@ -14,15 +10,14 @@ import time
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-import orjson
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from api.body import read_json
+from api.body import INLINE_BYTES, read_bytes, read_json
 from api.deadlines import cancel_after_s
-from api.ingest import BLOB, job_view
+from api.ingest import BLOB
 from api.metrics import PUBLISH_FAILURES, SUBMIT_SECONDS
 from api.schemas import (
     JOB_ID_MAX_LENGTH,
@@ -36,9 +31,9 @@ from api.schemas import (
     json_response,
 )
 from api.state import AppState, StateDep, get_state
-from api.validation import read_binary, validate_inputs
-from db import cache, jobs, standing
-from db import webhooks as db_webhooks
+from api.submission import field_errors, parse, prepare, wait_for
+from api.validation import read_binary
+from db import jobs, standing
 from db.models import FINISHED, JobStatus
 from db.tenants import Caller, Limits
 from db.views import job_out
@@ -47,8 +42,6 @@ from tffleet.errors import (
     InvalidInput,
     InvalidRequest,
     JobNotFound,
-    PayloadTooLarge,
-    TffleetError,
     UnsupportedMediaType,
 )
 
@@ -59,28 +52,6 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 Encoding = Literal["json", "b64"]
 _FINISHED = {status.value for status in FINISHED}
 
-
-def _where(loc: Sequence[int | str]) -> str:
-    """A field's path as a reader writes it: `jobs[3].inputs.x`."""
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
-    return path or "body"
-
-
-def _field_errors(error: ValidationError) -> str:
-    return "; ".join(f"{_where(item['loc'])}: {item['msg']}" for item in error.errors())
-
-
-def _parse(model: type[JobCreate] | type[JobBatchCreate], body: Any) -> Any:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise InvalidInput(_field_errors(exc)) from None
-
-
-# Bodies up to this size are validated on the event loop: a thread hop would cost more.
-_INLINE_BODY_BYTES = 64 * 1024
 
 # OpenAPI: a binary body or answer (.npz, .npy), and the query parameters a binary body comes with.
 _BINARY_SCHEMA = {"schema": {"type": "string", "format": "binary"}}
@@ -185,11 +156,11 @@ async def submit(
     key = _idempotency_key(request.headers.get("idempotency-key"))
     deadline = cancel_after_s(request.headers.get("cancel-after"))
     media = _media_type(request.headers.get("content-type", ""))
-    prepare: functools.partial[list[jobs.NewJob]]
+    check: functools.partial[list[jobs.NewJob]]
     if media in _BINARY:
-        body = await _read_body(request, max_bytes=state.settings.max_body_bytes)
+        body = await read_bytes(request, max_bytes=state.settings.max_body_bytes)
         specs, many = [_binary_spec(request)], False
-        prepare = functools.partial(
+        check = functools.partial(
             _prepare_binary, state, specs[0], body, media, cancel_after_s=deadline
         )
     elif _is_json(media):
@@ -200,18 +171,18 @@ async def submit(
             max_items=state.settings.max_json_items,
         )
         many = isinstance(body, dict) and "jobs" in body
-        specs = _parse(JobBatchCreate, body).jobs if many else [_parse(JobCreate, body)]
-        prepare = functools.partial(_prepare, state, specs, many, cancel_after_s=deadline)
+        specs = parse(JobBatchCreate, body).jobs if many else [parse(JobCreate, body)]
+        check = functools.partial(prepare, state, specs, many, cancel_after_s=deadline)
     else:
         raise UnsupportedMediaType(f"Content-Type must be one of {', '.join(_ACCEPTED)}")
     await _check_webhooks(state, specs, many)
     declared = request.headers.get("content-length", "")
-    small = declared.isdigit() and int(declared) < _INLINE_BODY_BYTES
+    small = declared.isdigit() and int(declared) < INLINE_BYTES
     limits = await state.admission.limits(caller.tenant)
     if small and all(state.signatures.cached(s.model, s.version) for s in specs):
-        new = prepare(caller, limits, key)
+        new = check(caller, limits, key)
     else:
-        new = await run_in_threadpool(prepare, caller, limits, key)
+        new = await run_in_threadpool(check, caller, limits, key)
     await state.admission.admit(len(new), tenant=caller.tenant, limits=limits)
     ingested = await state.ingestor(new)
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
@@ -221,7 +192,7 @@ async def submit(
         # The jobs as just stored: a first read would only say what `outs` says. An ending
         # announced before the watch starts is remembered by the waiter.
         try:
-            outs = await _wait_for(
+            outs = await wait_for(
                 state, caller, [out["id"] for out in outs], wait_s=wait,
                 encoding=BLOB if npz else encoding, until="all", known=outs,
             )  # fmt: skip
@@ -288,21 +259,6 @@ def _no_binary_parameters(request: Request) -> None:
         )
 
 
-async def _read_body(request: Request, *, max_bytes: int) -> bytes:
-    """The whole body, 413 past `max_bytes`: the chunks as they arrive, joined once."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {max_bytes} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLarge(f"body is over the limit of {max_bytes} bytes")
-        if chunk:
-            chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 def _binary_spec(request: Request) -> JobCreate:
     """The job a binary body comes with, from the query parameters, checked as a JSON body's
     fields are (with the same messages); its inputs are read from the body later."""
@@ -315,7 +271,7 @@ def _binary_spec(request: Request) -> JobCreate:
             for event in given.split(",")
             if event.strip()
         ]
-    return _parse(JobCreate, {**fields, "inputs": {}})
+    return parse(JobCreate, {**fields, "inputs": {}})
 
 
 async def _check_webhooks(state: AppState, specs: Sequence[JobCreate], many: bool) -> None:
@@ -349,11 +305,11 @@ def _prepare_binary(
     *,
     cancel_after_s: float | None = None,
 ) -> list[jobs.NewJob]:
-    """`_prepare` for a binary body: its arrays (views of `body`) are checked as a JSON body's
+    """`prepare` for a binary body: its arrays (views of `body`) are checked as a JSON body's
     tensors are, and copied once, into the stored blob."""
     inputs = read_binary(body, media)
     specs = [spec.model_copy(update={"inputs": inputs})]
-    return _prepare(state, specs, False, caller, limits, key, cancel_after_s=cancel_after_s)
+    return prepare(state, specs, False, caller, limits, key, cancel_after_s=cancel_after_s)
 
 
 # Printable ASCII without spaces: job i > 0 of a keyed bulk request is stored under "KEY i".
@@ -372,158 +328,12 @@ def _idempotency_key(header: str | None) -> str | None:
     return key
 
 
-def _request_hash(new: Sequence[jobs.NewJob]) -> str:
-    """sha256 of what a request asks for once resolved: model, version, priority, retention,
-    deadline (`Cancel-After`, where given), webhook and its events (where given), inputs."""
-    digest = hashlib.sha256()
-    for job in new:
-        head: list[object] = [job.model, job.version, job.priority, job.ttl_s, len(job.inputs)]
-        if job.cancel_after_s is not None:  # appended: the hashes of keys stored before hold
-            head.append(job.cancel_after_s)
-        if job.webhook is not None:  # likewise
-            head += ["webhook", job.webhook, job.webhook_events]
-        digest.update(orjson.dumps(head))
-        digest.update(job.inputs)
-    return digest.hexdigest()
-
-
-def _with_key(new: list[jobs.NewJob], key: str) -> list[jobs.NewJob]:
-    """Key each job: the first with the key itself, job i with "KEY i"; all with one hash."""
-    request_hash = _request_hash(new)
-    return [
-        dataclasses.replace(
-            job, idempotency_key=key if i == 0 else f"{key} {i}", request_hash=request_hash
-        )
-        for i, job in enumerate(new)
-    ]
-
-
 def _shown(caller: Caller, outs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Jobs as `caller` may see them: which worker ran a job (host, pid) is for admins."""
     if not caller.admin:
         for out in outs:
             out["worker"] = None
     return outs
-
-
-def _prepare(
-    state: AppState,
-    specs: Sequence[JobCreate],
-    many: bool,
-    caller: Caller,
-    limits: Limits,
-    key: str | None = None,
-    *,
-    cancel_after_s: float | None = None,
-) -> list[jobs.NewJob]:
-    """Check every job against its signature and the tenant's limits before anything is
-    stored; a retention longer than the tenant's longest is cut to it."""
-    prepared = []
-    for index, spec in enumerate(specs):
-        try:
-            if spec.priority > limits.max_priority:
-                raise InvalidInput(
-                    f"priority: at most {limits.max_priority} for tenant {caller.tenant!r}, "
-                    f"got {spec.priority}"
-                )
-            signature = state.signatures.resolve(spec.model, spec.version)
-            arrays, samples = validate_inputs(
-                spec.inputs, signature=signature["inputs"], model=spec.model
-            )
-            if samples > limits.max_samples_per_job:
-                raise InvalidInput(
-                    f"inputs: {samples} samples; a job of tenant {caller.tenant!r} holds at most "
-                    f"{limits.max_samples_per_job} (split it into several jobs)"
-                )
-        except TffleetError as exc:
-            if many:
-                exc.message = f"jobs[{index}]: {exc.message}"
-            raise
-        packed = tensors.pack(arrays)
-        prepared.append(
-            jobs.NewJob(
-                model=signature["name"],
-                version=signature["version"],
-                samples=samples,
-                inputs=packed,
-                priority=spec.priority,
-                ttl_s=None if spec.ttl_s is None else min(spec.ttl_s, limits.max_ttl_s),
-                tenant=caller.tenant,
-                cache_key=_cache_key(signature, caller.tenant, packed),
-                cancel_after_s=cancel_after_s,
-                webhook=spec.webhook,
-                webhook_events=(
-                    None
-                    if spec.webhook is None
-                    else db_webhooks.bits(spec.webhook_events or ["completed"])
-                ),
-            )
-        )
-    return _with_key(prepared, key) if key is not None else prepared
-
-
-def _cache_key(signature: dict[str, Any], tenant: str, packed: bytes) -> str | None:
-    """The job's key in the response cache, if its model has one (`cache = true`)."""
-    config = signature.get("config") or {}
-    if not config.get("cache"):
-        return None
-    scope = cache.SHARED if config.get("cache_shared") else tenant
-    return cache.key(
-        model=signature["name"], version=signature["version"], scope=scope, inputs=packed
-    )
-
-
-async def _wait_for(
-    state: AppState,
-    caller: Caller,
-    job_ids: Sequence[str],
-    *,
-    wait_s: float,
-    encoding: str,
-    until: Literal["any", "all"] = "any",
-    known: list[dict[str, Any]] | None = None,
-) -> list[dict[str, Any]]:
-    """Read the jobs (404 unless `caller` may see every one); hold until one that was unfinished
-    ends (`until="all"`: until every one has), or `wait_s` passes. `known`: the jobs as the
-    caller just read them, outputs left out, which saves the first read while none has ended."""
-    read = (job_ids, encoding, caller.scope)
-    if wait_s <= 0 or state.waiter.watches >= state.settings.max_long_polls:
-        # Past the limit a long-poll is answered at once: the client asks again, and no flood of
-        # held requests holds this process's memory and sockets.
-        return await state.reader(read)
-    deadline = asyncio.get_running_loop().time() + wait_s
-    # Watch before the first read: an announcement between the two would otherwise be missed.
-    with state.waiter.watch(*job_ids) as ended:
-        if known is not None and not any(out["status"] in _FINISHED for out in known):
-            outs = known
-        else:
-            outs = await state.reader(read)
-        pending = {out["id"] for out in outs if out["status"] not in _FINISHED}
-        while pending:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ended.wait(), min(remaining, state.waiter.recheck_s))
-            ended.clear()
-            # Woken by an announcement, or by the periodic re-check: the database decides,
-            # unless the workers announced every job still pending whole.
-            outs = _from_announcements(state, outs, pending, encoding) or await state.reader(read)
-            ended_now = {out["id"] for out in outs if out["status"] in _FINISHED} & pending
-            if ended_now and until == "any":
-                break
-            pending -= ended_now
-        return outs
-
-
-def _from_announcements(
-    state: AppState, outs: list[dict[str, Any]], pending: set[str], encoding: str
-) -> list[dict[str, Any]] | None:
-    """`outs` with the pending jobs as their workers announced them, or None unless all were."""
-    announced = {job_id: state.waiter.ended(job_id) for job_id in pending}
-    if any(job is None for job in announced.values()):
-        return None
-    return [job_view(job, encoding) if (job := announced.get(out["id"])) else out for out in outs]
 
 
 @router.get(
@@ -550,7 +360,7 @@ async def get_job(
     state = get_state(request)
     caller = await state.auth(request)
     npz = _accepts_npz(request)
-    outs = await _wait_for(state, caller, [job_id], wait_s=wait, encoding=BLOB if npz else encoding)
+    outs = await wait_for(state, caller, [job_id], wait_s=wait, encoding=BLOB if npz else encoding)
     response = await _answer(_shown(caller, outs)[0], encoding=encoding)
     response.headers["Vary"] = "Accept"
     return response
@@ -608,8 +418,8 @@ async def status_many(request: Request, state: StateDep) -> Response:
     try:
         query = JobStatusQuery.model_validate(body)
     except ValidationError as exc:
-        raise InvalidInput(_field_errors(exc)) from None
-    outs = await _wait_for(state, caller, query.ids, wait_s=query.wait, encoding=query.encoding)
+        raise InvalidInput(field_errors(exc)) from None
+    outs = await wait_for(state, caller, query.ids, wait_s=query.wait, encoding=query.encoding)
     return json_response({"jobs": _shown(caller, outs)})
 
 

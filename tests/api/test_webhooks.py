@@ -11,7 +11,7 @@ import orjson
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.routes.jobs import _request_hash
+from api.submission import request_hash
 from db import jobs, webhooks
 from tests.api.conftest import Api, OpenApi, read_job
 from tffleet import tensors
@@ -131,7 +131,7 @@ async def test_the_webhook_is_part_of_the_idempotency_hash_only_when_given(api: 
     # A request without a webhook hashes as it did before webhooks existed: keys stored then hold.
     job = jobs.NewJob(model="mlp", version=1, samples=1, inputs=b"in", priority=2, ttl_s=60)
     before = hashlib.sha256(orjson.dumps(["mlp", 1, 2, 60, 2]) + b"in").hexdigest()
-    assert _request_hash([job]) == before
+    assert request_hash([job]) == before
 
 
 async def test_the_webhook_secret_is_the_callers_tenants(api: Api) -> None:

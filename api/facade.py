@@ -1,0 +1,162 @@
+"""What the protocol facades (TF Serving REST, the Open Inference Protocol) share.
+
+A facade's request becomes one job of the caller's tenant, checked and stored as `POST /v1/jobs`
+stores one, batched with everyone else's traffic, and the answer waits for it, up to
+`TFFLEET_PROTOCOL_WAIT_S`; past that the answer is 504 naming the job, which runs on and is
+polled at `/v1/jobs/{id}`. Both protocols write an error as `{"error": "message"}`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import Response
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.exc import SQLAlchemyError
+
+from api.ingest import BLOB
+from api.metrics import REQUESTS_REJECTED
+from api.schemas import JobCreate, json_response
+from api.state import AppState
+from api.submission import parse, prepare, wait_for
+from db.models import JobStatus
+from db.tenants import Caller
+from tffleet import tensors
+from tffleet.errors import (
+    InvalidInput,
+    InvalidRequest,
+    ModelNotFound,
+    ServiceUnavailable,
+    TffleetError,
+)
+
+_ERROR = {"content": {"application/json": {"example": {"error": "message"}}}}
+_TEXT = {
+    400: "A malformed request, or inputs that do not fit the model's signature.",
+    401: "No API key, or an unknown or revoked one.",
+    404: "Unknown model or version.",
+    409: "The job was canceled before it ended.",
+    413: "Body over the size limit.",
+    429: "The queue, or the tenant's quota, is full.",
+    500: "The job failed in the worker; the message names it.",
+    503: "Database or broker unreachable.",
+    504: "The job has not ended within TFFLEET_PROTOCOL_WAIT_S; the message names it.",
+}
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` of a facade's route: each status with the protocol's error shape."""
+    return {status: {"description": _TEXT[status], **_ERROR} for status in statuses}
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    response = json_response({"error": message}, status)
+    response.headers.update(headers or {})
+    return response
+
+
+def rejected(exc: TffleetError) -> Response:
+    """A tffleet error in the protocols' shape. Inputs that do not fit the signature are 400
+    there (INVALID_ARGUMENT), not the job API's 422."""
+    REQUESTS_REJECTED.labels(code=exc.code).inc()
+    status = 400 if isinstance(exc, InvalidInput) else exc.status_code
+    return error(status, exc.message, exc.headers)
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+_MAX_VERSION = 2**31 - 1  # PostgreSQL's INTEGER
+
+
+def model_ref(name: str, version: str | None) -> tuple[str, int | None]:
+    """A model and version from a route's path: 404 for a name no model can have, 400 for a
+    version that is not a positive integer."""
+    if not _NAME.match(name):
+        raise ModelNotFound(f"model: no model named {name!r} is registered")
+    if version is None:
+        return name, None
+    if not version.isascii() or not version.isdigit() or not 1 <= int(version) <= _MAX_VERSION:
+        raise InvalidRequest(f"version: expected a positive integer, got {version!r}")
+    return name, int(version)
+
+
+class Unanswered(TffleetError):
+    """The job ended without outputs (failed, canceled) or did not end within the wait."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Answer:
+    job_id: str
+    model: str
+    version: int
+    outputs: dict[str, np.ndarray]
+
+
+async def run_job(
+    state: AppState,
+    caller: Caller,
+    *,
+    model: str,
+    version: int | None,
+    inputs: dict[str, Any] | list[Any],
+    cancel_after_s: float | None = None,
+    wait_s: float | None = None,
+    inline: bool = False,
+) -> Answer:
+    """Store one job of `caller`'s tenant (checked first: a bad request stores nothing) and
+    wait for it: its outputs, or `Unanswered`. `inputs`: wire tensors as a JSON body gives
+    them, or arrays by name. `inline`: the inputs are small (the job API's bound, 64 KiB),
+    so they are checked on the event loop when the signature is cached."""
+    spec = parse(JobCreate, {"model": model, "version": version, "inputs": {}})
+    spec = spec.model_copy(update={"inputs": inputs})
+    limits = await state.admission.limits(caller.tenant)
+    check = functools.partial(prepare, state, [spec], False, caller, limits)
+    if inline and state.signatures.cached(model, version):
+        new = check(cancel_after_s=cancel_after_s)  # a thread hop would cost more
+    else:
+        new = await run_in_threadpool(check, cancel_after_s=cancel_after_s)
+    await state.admission.admit(len(new), tenant=caller.tenant, limits=limits)
+    ingested = await state.ingestor(new)
+    job_id = ingested.jobs[0]["id"]
+    wait_s = state.settings.protocol_wait_s if wait_s is None else wait_s
+    try:
+        (out,) = await wait_for(
+            state, caller, [job_id], wait_s=wait_s, encoding=BLOB, until="all",
+            known=ingested.jobs,
+        )  # fmt: skip
+    except SQLAlchemyError:
+        raise ServiceUnavailable(
+            f"job {job_id} is stored, but the database failed while waiting for it; "
+            f"poll GET /v1/jobs/{job_id}"
+        ) from None
+    if out["status"] == JobStatus.SUCCEEDED.value:
+        return Answer(job_id, out["model"], out["version"], tensors.unpack(out["outputs"]))
+    raise _unanswered(out, wait_s)
+
+
+def _unanswered(out: dict[str, Any], wait_s: float) -> Unanswered:
+    job_id, status = out["id"], out["status"]
+    error = out.get("error") or {"code": "unknown", "message": ""}
+    code, message = error["code"], error["message"]
+    counted = f"job_{status}"  # the label of tffleet_requests_rejected_total
+    timed_out = code in ("timeout", "deadline")
+    if status == JobStatus.FAILED.value:
+        http = 400 if code == "invalid_input" else 504 if timed_out else 500
+        return Unanswered(http, counted, f"job {job_id} failed ({code}): {message}")
+    if status == JobStatus.CANCELED.value:
+        http = 504 if timed_out else 409
+        return Unanswered(http, counted, f"job {job_id} was canceled ({code}): {message}")
+    return Unanswered(
+        504,
+        counted,
+        f"job {job_id} has not ended within {wait_s:g} s (it is {status}); it goes on: "
+        f"poll GET /v1/jobs/{job_id}",
+    )

@@ -1,0 +1,195 @@
+"""What every way of submitting shares: a body read into job specs, jobs checked against their
+model's signature and the tenant's limits before anything is stored, idempotency keys, and the
+wait for jobs to end. The job API (api/routes/jobs.py) and the protocol facades (TF Serving,
+Open Inference Protocol) call these; none of them stores or waits any other way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import orjson
+from pydantic import ValidationError
+
+from api.ingest import job_view
+from api.schemas import JobBatchCreate, JobCreate
+from api.state import AppState
+from api.validation import validate_inputs
+from db import cache, jobs
+from db import webhooks as db_webhooks
+from db.models import FINISHED
+from db.tenants import Caller, Limits
+from tffleet import tensors
+from tffleet.errors import InvalidInput, TffleetError
+
+_FINISHED = {status.value for status in FINISHED}
+
+
+def _where(loc: Sequence[int | str]) -> str:
+    """A field's path as a reader writes it: `jobs[3].inputs.x`."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path or "body"
+
+
+def field_errors(error: ValidationError) -> str:
+    return "; ".join(f"{_where(item['loc'])}: {item['msg']}" for item in error.errors())
+
+
+def parse(model: type[JobCreate] | type[JobBatchCreate], body: Any) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise InvalidInput(field_errors(exc)) from None
+
+
+def request_hash(new: Sequence[jobs.NewJob]) -> str:
+    """sha256 of what a request asks for once resolved: model, version, priority, retention,
+    deadline (`Cancel-After`, where given), webhook and its events (where given), inputs."""
+    digest = hashlib.sha256()
+    for job in new:
+        head: list[object] = [job.model, job.version, job.priority, job.ttl_s, len(job.inputs)]
+        if job.cancel_after_s is not None:  # appended: the hashes of keys stored before hold
+            head.append(job.cancel_after_s)
+        if job.webhook is not None:  # likewise
+            head += ["webhook", job.webhook, job.webhook_events]
+        digest.update(orjson.dumps(head))
+        digest.update(job.inputs)
+    return digest.hexdigest()
+
+
+def with_key(new: list[jobs.NewJob], key: str) -> list[jobs.NewJob]:
+    """Key each job: the first with the key itself, job i with "KEY i"; all with one hash."""
+    digest = request_hash(new)
+    return [
+        dataclasses.replace(
+            job, idempotency_key=key if i == 0 else f"{key} {i}", request_hash=digest
+        )
+        for i, job in enumerate(new)
+    ]
+
+
+def prepare(
+    state: AppState,
+    specs: Sequence[JobCreate],
+    many: bool,
+    caller: Caller,
+    limits: Limits,
+    key: str | None = None,
+    *,
+    cancel_after_s: float | None = None,
+) -> list[jobs.NewJob]:
+    """Check every job against its signature and the tenant's limits before anything is
+    stored; a retention longer than the tenant's longest is cut to it."""
+    prepared = []
+    for index, spec in enumerate(specs):
+        try:
+            if spec.priority > limits.max_priority:
+                raise InvalidInput(
+                    f"priority: at most {limits.max_priority} for tenant {caller.tenant!r}, "
+                    f"got {spec.priority}"
+                )
+            signature = state.signatures.resolve(spec.model, spec.version)
+            arrays, samples = validate_inputs(
+                spec.inputs, signature=signature["inputs"], model=spec.model
+            )
+            if samples > limits.max_samples_per_job:
+                raise InvalidInput(
+                    f"inputs: {samples} samples; a job of tenant {caller.tenant!r} holds at most "
+                    f"{limits.max_samples_per_job} (split it into several jobs)"
+                )
+        except TffleetError as exc:
+            if many:
+                exc.message = f"jobs[{index}]: {exc.message}"
+            raise
+        packed = tensors.pack(arrays)
+        prepared.append(
+            jobs.NewJob(
+                model=signature["name"],
+                version=signature["version"],
+                samples=samples,
+                inputs=packed,
+                priority=spec.priority,
+                ttl_s=None if spec.ttl_s is None else min(spec.ttl_s, limits.max_ttl_s),
+                tenant=caller.tenant,
+                cache_key=_cache_key(signature, caller.tenant, packed),
+                cancel_after_s=cancel_after_s,
+                webhook=spec.webhook,
+                webhook_events=(
+                    None
+                    if spec.webhook is None
+                    else db_webhooks.bits(spec.webhook_events or ["completed"])
+                ),
+            )
+        )
+    return with_key(prepared, key) if key is not None else prepared
+
+
+def _cache_key(signature: dict[str, Any], tenant: str, packed: bytes) -> str | None:
+    """The job's key in the response cache, if its model has one (`cache = true`)."""
+    config = signature.get("config") or {}
+    if not config.get("cache"):
+        return None
+    scope = cache.SHARED if config.get("cache_shared") else tenant
+    return cache.key(
+        model=signature["name"], version=signature["version"], scope=scope, inputs=packed
+    )
+
+
+async def wait_for(
+    state: AppState,
+    caller: Caller,
+    job_ids: Sequence[str],
+    *,
+    wait_s: float,
+    encoding: str,
+    until: Literal["any", "all"] = "any",
+    known: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Read the jobs (404 unless `caller` may see every one); hold until one that was unfinished
+    ends (`until="all"`: until every one has), or `wait_s` passes. `known`: the jobs as the
+    caller just read them, outputs left out, which saves the first read while none has ended."""
+    read = (job_ids, encoding, caller.scope)
+    if wait_s <= 0 or state.waiter.watches >= state.settings.max_long_polls:
+        # Past the limit a long-poll is answered at once: the client asks again, and no flood of
+        # held requests holds this process's memory and sockets.
+        return await state.reader(read)
+    deadline = asyncio.get_running_loop().time() + wait_s
+    # Watch before the first read: an announcement between the two would otherwise be missed.
+    with state.waiter.watch(*job_ids) as ended:
+        if known is not None and not any(out["status"] in _FINISHED for out in known):
+            outs = known
+        else:
+            outs = await state.reader(read)
+        pending = {out["id"] for out in outs if out["status"] not in _FINISHED}
+        while pending:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), min(remaining, state.waiter.recheck_s))
+            ended.clear()
+            # Woken by an announcement, or by the periodic re-check: the database decides,
+            # unless the workers announced every job still pending whole.
+            outs = _from_announcements(state, outs, pending, encoding) or await state.reader(read)
+            ended_now = {out["id"] for out in outs if out["status"] in _FINISHED} & pending
+            if ended_now and until == "any":
+                break
+            pending -= ended_now
+        return outs
+
+
+def _from_announcements(
+    state: AppState, outs: list[dict[str, Any]], pending: set[str], encoding: str
+) -> list[dict[str, Any]] | None:
+    """`outs` with the pending jobs as their workers announced them, or None unless all were."""
+    announced = {job_id: state.waiter.ended(job_id) for job_id in pending}
+    if any(job is None for job in announced.values()):
+        return None
+    return [job_view(job, encoding) if (job := announced.get(out["id"])) else out for out in outs]
