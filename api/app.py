@@ -18,7 +18,7 @@ from api.auth import Authenticator
 from api.autoscaling import AutoscalingCollector
 from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED, exposition
-from api.routes import events, health, jobs, models, tfserving, webhooks
+from api.routes import events, health, jobs, models, oip, tfserving, webhooks
 from api.schemas import JobBatchCreate, JobCreate, JobStatusQuery, json_response
 from api.state import AppState, SignatureCache
 from api.waiter import CompletionWaiter
@@ -147,6 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(events.router)
     app.include_router(models.router)
     app.include_router(tfserving.router)
+    app.include_router(oip.router)
     app.include_router(webhooks.router)
     app.include_router(health.router)
     app.add_exception_handler(TffleetError, _on_tffleet_error)

@@ -58,6 +58,7 @@ class SignatureCache:
                 "name": found.name,
                 "version": found.version,
                 "inputs": found.inputs,
+                "outputs": found.outputs,
                 "config": found.config or {},
             }
         self._entries[key] = (time.monotonic(), entry)

@@ -628,7 +628,7 @@ def test_read_npz_and_read_npy_raise_only_tensor_error_on_mangled_bodies() -> No
         (np.ones(2, np.float64), "float32", "expected dtype float32, got float64"),
         (np.ones(2, ">f4").astype("V4"), "float32", "expected dtype float32, got void32"),
         (np.frombuffer(b"\x00\x02", np.bool_), "bool", "bytes must each be 0 or 1"),
-        (np.ones(2, np.float32), "string", "expected strings (NumPy dtype S or U)"),
+        (np.ones(2, np.float32), "string", "expected strings (NumPy dtype S or U"),
     ],
 )
 def test_from_array_checks_the_dtype_as_decode_does(

@@ -591,9 +591,10 @@ def from_array(array: np.ndarray, *, dtype: str) -> np.ndarray:
     """An array read from a binary body, checked against a signature's `dtype` (as `decode` does
     a wire tensor): the same array, or for strings an object array of bytes."""
     if dtype == STRING:
-        if array.dtype.kind not in "SU":
+        if array.dtype.kind not in "OSU":
             raise TensorError(
-                f"expected strings (NumPy dtype S or U) for dtype string, got {array.dtype.name}"
+                f"expected strings (NumPy dtype S or U, or objects that are bytes or str) for "
+                f"dtype string, got {array.dtype.name}"
             )
         return as_bytes(array)
     if array.dtype.name != dtype or array.dtype.kind == "V":
