@@ -35,12 +35,20 @@ class Connection:
         reader, writer = await asyncio.open_connection(host, port)
         return cls(reader, writer, f"{host}:{port}", api_key)
 
-    def post_bytes(self, path: str, body: bytes) -> bytes:
+    def post_bytes(
+        self,
+        path: str,
+        body: bytes,
+        *,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> bytes:
         """A whole POST request, encoded once and sent many times."""
+        extra = "".join(f"\r\n{name}: {value}" for name, value in (headers or {}).items())
         return (
             b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + self._host + self._headers
-            + b"\r\nContent-Type: application/json\r\nContent-Length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body
+            + extra.encode() + b"\r\nContent-Type: " + content_type.encode()
+            + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )  # fmt: skip
 
     async def request(self, raw: bytes) -> Response:
