@@ -139,10 +139,14 @@ async def run_job(
         ) from None
     if out["status"] == JobStatus.SUCCEEDED.value:
         return Answer(job_id, out["model"], out["version"], tensors.unpack(out["outputs"]))
-    raise _unanswered(out, wait_s)
+    raise _unanswered(
+        out, wait_s, canceled_then=cancel_after_s is not None and cancel_after_s <= wait_s
+    )
 
 
-def _unanswered(out: dict[str, Any], wait_s: float) -> Unanswered:
+def _unanswered(out: dict[str, Any], wait_s: float, *, canceled_then: bool) -> Unanswered:
+    """Why the job has no outputs. `canceled_then`: the wait ended at the job's own deadline,
+    which cancels it (if the sweeper has not yet, it does within moments)."""
     job_id, status = out["id"], out["status"]
     error = out.get("error") or {"code": "unknown", "message": ""}
     code, message = error["code"], error["message"]
@@ -154,6 +158,13 @@ def _unanswered(out: dict[str, Any], wait_s: float) -> Unanswered:
     if status == JobStatus.CANCELED.value:
         http = 504 if timed_out else 409
         return Unanswered(http, counted, f"job {job_id} was canceled ({code}): {message}")
+    if canceled_then:
+        return Unanswered(
+            504,
+            counted,
+            f"job {job_id} has not ended within its deadline of {wait_s:g} s (it is {status}); "
+            f"it is canceled (GET /v1/jobs/{job_id} shows it)",
+        )
     return Unanswered(
         504,
         counted,

@@ -238,6 +238,7 @@ async def test_the_timeout_parameter_shortens_the_wait_and_cancels_the_job_at_it
     assert response.status_code == 504
     (job,) = _jobs(sessions)
     assert job.id in response.json()["error"] and job.deadline_at is not None
+    assert "it is canceled" in response.json()["error"]
 
 
 def _jobs(sessions: Sessions) -> list[Job]:
