@@ -59,6 +59,7 @@ from sqlalchemy import (
     exists,
     func,
     insert,
+    literal,
     or_,
     select,
     update,
@@ -66,6 +67,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
+from sqlalchemy.types import Text
 
 from db import cache, clock, webhooks
 from db.ids import new_job_id
@@ -169,6 +171,45 @@ _ENDED_ON_ITS_OWN = frozenset({JobStatus.SUCCEEDED.value, JobStatus.FAILED.value
 
 # What a job that ended without success may do: run again (`retry`).
 _RETRYABLE = (JobStatus.FAILED.value, JobStatus.CANCELED.value)
+
+
+# ─── History ──────────────────────────────────────────────────────────────────────────────────────
+# What a job's columns do not keep (each attempt's start and its worker, each return to the queue
+# and why, each retry), one line each in `history`, appended by the UPDATE that makes the change:
+# `event<TAB>ISO time<TAB>detail<LF>`. Creation and the end are its columns' (created_at,
+# finished_at and status).
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    event: str  # "started", "requeued", "put back", "retried"
+    at: datetime
+    detail: str
+
+
+def _history_line(event: str, at: datetime, detail: str = "") -> str:
+    return f"{event}\t{at.isoformat()}\t{' '.join(detail.split())}\n"
+
+
+def _appended(line: ColumnElement[str]) -> ColumnElement[str]:
+    """`history` with `line` appended (in SQL: `coalesce(history, '') || line`)."""
+    return func.coalesce(_jobs.c.history, literal("", Text)) + line
+
+
+def _logged(event: str, at: datetime, detail: str = "") -> ColumnElement[str]:
+    return _appended(literal(_history_line(event, at, detail), Text))
+
+
+def history_of(job: Job) -> list[HistoryEvent]:
+    """A job's history, oldest first (loads the deferred column: call it inside a session)."""
+    events = []
+    for line in (job.history or "").splitlines():
+        event, at, detail = [*line.split("\t", 2), "", ""][:3]
+        try:
+            events.append(HistoryEvent(event, datetime.fromisoformat(at), detail))
+        except ValueError:
+            continue  # not a line this code wrote
+    return events
 
 
 # ─── Create ───────────────────────────────────────────────────────────────────────────────────────
@@ -370,6 +411,7 @@ def _claim_statement(*, fresh_only: bool) -> Update:
             lease_expires_at=bindparam("c_expires"),
             worker=bindparam("c_worker"),
             started_at=bindparam("c_now"),
+            history=_appended(bindparam("c_history", type_=Text)),
         )
         .returning(
             _jobs.c.id,
@@ -417,6 +459,7 @@ def _claim_ids(
             "c_expires": now + timedelta(seconds=lease_s),
             "c_worker": worker,
             "c_now": now,
+            "c_history": _history_line("started", now, worker),
         },
     ).all()
     if len(rows) < len(job_ids):  # taken by another claimer, ended, or past its deadline
@@ -767,9 +810,12 @@ def release(*, session: Session, leases: Sequence[Lease]) -> int:
     """Hand held jobs back to the queue (an infrastructure fault, not the job's)."""
     if not leases:
         return 0
+    logged = _logged("requeued", clock.now(session), "handed back by its worker")
     return _fenced_update(
         session,
-        _fenced_statement(status=JobStatus.QUEUED.value, lease_owner=None, lease_expires_at=None),
+        _fenced_statement(
+            status=JobStatus.QUEUED.value, lease_owner=None, lease_expires_at=None, history=logged
+        ),
         [_fence(lease) for lease in leases],
     )
 
@@ -789,6 +835,9 @@ def unclaim(*, session: Session, leases: Sequence[Lease]) -> int:
             lease_expires_at=None,
             worker=None,
             started_at=None,
+            history=_logged(
+                "put back", clock.now(session), "its worker began shutting down before it ran"
+            ),
         ),
         [_fence(lease) for lease in leases],
     )
@@ -928,6 +977,7 @@ def retry(
             parts=None,
             samples_done=None,
             deadline_at=_deadline(now, cancel_after_s),
+            history=_logged("retried", now),
         )
     )
     if not result.rowcount:  # type: ignore[attr-defined]
@@ -1065,7 +1115,9 @@ def _take_back(
         moved = session.execute(
             update(_jobs)
             .where(_jobs.c.id.in_(again), used < max_attempts, *held)
-            .values(status=JobStatus.QUEUED.value, **cleared)
+            .values(
+                status=JobStatus.QUEUED.value, history=_logged("requeued", now, lost), **cleared
+            )
             .returning(_jobs.c.id, _jobs.c.model, _jobs.c.version)
         ).all()
         for row in sorted(moved, key=lambda row: row.id):

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -178,6 +179,10 @@ class Job(Base):
     # null without one.
     webhook: Mapped[str | None] = mapped_column(Text)
     webhook_events: Mapped[int | None] = mapped_column(Integer)
+    # What its other columns do not keep: each attempt's start (and its worker), each return to
+    # the queue and why, each retry; a line each, appended by the UPDATE that made the change
+    # (db.jobs.history_of reads it). Only the console reads it: deferred.
+    history: Mapped[str | None] = mapped_column(Text, deferred=True)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
@@ -289,6 +294,9 @@ class ModelPresence(Base):
     error: Mapped[str | None] = mapped_column(Text)
     since: Mapped[datetime] = mapped_column(UTCDateTime())
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # The share of the last minute (0 to 1) the child's device spent running this version's
+    # forward passes, as of `seen_at`; null until the child has a minute's reports.
+    busy: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (
         Index("ix_model_presence_model", "name", "version", "seen_at"),

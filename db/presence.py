@@ -47,6 +47,7 @@ class Holding:
     path: str
     since: datetime
     error: str | None = None
+    busy: float | None = None  # the device's busy share running it over the last minute
 
 
 def report(
@@ -75,6 +76,7 @@ def report(
                     "error": h.error,
                     "since": h.since,
                     "seen_at": now,
+                    "busy": h.busy,
                 }
                 for h in holdings
             ],

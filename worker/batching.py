@@ -118,6 +118,10 @@ def _no_wake(model: str, version: int, job_ids: Sequence[str]) -> None:
     """Without a publisher, jobs handed back wait for their message or the sweeper."""
 
 
+def _no_busy(model: str, version: int, seconds: float) -> None:
+    """Without a meter, the device's busy time is only counted in the metrics."""
+
+
 def _no_peers(model: str, version: int) -> int:
     """Without presence, this child is taken to serve the model alone: nothing is split."""
     return 0
@@ -199,6 +203,8 @@ class Batcher:
     # How many other live children serve a model version: a job larger than a batch is split
     # into parts for them (db/parts.py) when they have nothing else queued to run.
     peers: Callable[[str, int], int] = _no_peers
+    # Counts each batch's device seconds for the child's reported busy share (worker/busy.py).
+    on_busy: Callable[[str, int, float], None] = _no_busy
     _heartbeat: Heartbeat = field(init=False, repr=False)
     _feeder: ThreadPoolExecutor = field(init=False, repr=False)
     _writer: ThreadPoolExecutor = field(init=False, repr=False)
@@ -384,6 +390,7 @@ class Batcher:
             ran = pipeline.forward(batch, runner=task.runner, policy=task.policy)
         metrics.BATCH_SECONDS.labels(task.model).observe(time.perf_counter() - started)
         metrics.DEVICE_BUSY_SECONDS.labels(self.device, task.model).inc(ran.busy_s)
+        self.on_busy(task.model, task.version, ran.busy_s)
         return ran
 
     def _write(self, task: _Task, ran: Ran) -> BatchReport:

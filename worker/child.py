@@ -32,6 +32,7 @@ from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.devices import Device, cpu_threads_per_child, parse_devices, pin_environment
 from tffleet.settings import get_settings
 from worker.batching import Batcher, BatchReport
+from worker.busy import BusyMeter
 from worker.model_set import ModelSet
 from worker.orphans import owner_prefix
 from worker.repository import ModelConfig
@@ -171,6 +172,7 @@ def init() -> None:
         # A failed publish is logged by the publisher; the sweeper republishes the jobs later.
         publisher.publish(model=model, version=version, job_ids=job_ids)
 
+    busy = BusyMeter()
     batcher = Batcher(
         sessions=sessions,
         owner=owner,
@@ -179,6 +181,7 @@ def init() -> None:
         wake=wake,
         device=str(device),
         peers=Peers(sessions, child=owner, poll_s=settings.model_poll_s),
+        on_busy=lambda model, version, seconds: busy.add((model, version), seconds),
     )
     defaults = ModelConfig(
         max_batch_size=settings.max_batch_size,
@@ -199,6 +202,7 @@ def init() -> None:
         wake=wake,
         poll_s=settings.model_poll_s,
         names=served,
+        busy=busy,
     )
     # Before any task: the messages waiting for these models find them loaded.
     model_set.refresh(wake=False)

@@ -41,6 +41,7 @@ from db import jobs, presence, registry
 from db.clock import utcnow
 from db.models import PresenceState
 from worker.batching import BatchPolicy
+from worker.busy import BusyMeter
 from worker.repository import ModelConfig, ModelSpec, scan
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class ModelSet:
         poll_s: float,
         names: Collection[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        busy: BusyMeter | None = None,
     ) -> None:
         self.repository = repository
         self.defaults = defaults
@@ -125,6 +127,8 @@ class ModelSet:
         self.drain_grace_s = max(2 * poll_s, DRAIN_GRACE_MIN_S)
         self._names = None if names is None else frozenset(names)
         self._clock = clock
+        # The device's busy share per version, reported with each holding (the task thread adds).
+        self.busy = busy or BusyMeter(clock=clock)
         self.models: dict[Key, LoadedModel] = {}
         self._held: dict[Key, _Held] = {}
         # Held by the task thread while it runs a batch, and to unload a version: a version is
@@ -152,6 +156,7 @@ class ModelSet:
     # Reports
 
     def holdings(self) -> list[presence.Holding]:
+        shares = self.busy.shares()
         with self._lock:
             return [
                 presence.Holding(
@@ -161,6 +166,7 @@ class ModelSet:
                     path=str(held.path),
                     since=held.since,
                     error=held.error,
+                    busy=shares.get((name, version)) if shares else None,
                 )
                 for (name, version), held in sorted(self._held.items())
             ]
