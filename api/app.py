@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api import docs
 from api.admission import Admission
 from api.auth import Authenticator
 from api.autoscaling import AutoscalingCollector
@@ -142,7 +143,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="Asynchronous inference jobs on TensorFlow models.",
         lifespan=lifespan,
+        docs_url=None,  # served by api/docs.py, without a CDN
+        redoc_url=None,
     )
+    docs.install(app)
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(models.router)
