@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -19,7 +20,7 @@ from api.auth import Authenticator
 from api.autoscaling import AutoscalingCollector
 from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED, exposition
-from api.routes import events, health, jobs, models, oip, tfserving, webhooks
+from api.routes import console, events, health, jobs, models, oip, tfserving, webhooks
 from api.schemas import JobBatchCreate, JobCreate, JobStatusQuery, json_response
 from api.state import AppState, SignatureCache
 from api.waiter import CompletionWaiter
@@ -147,6 +148,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     docs.install(app)
+    # The console's page, script and styles: files of the package, as they are (no CDN).
+    app.mount("/console/assets", StaticFiles(directory=console.ASSETS), name="console-assets")
+    app.include_router(console.router)
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(models.router)

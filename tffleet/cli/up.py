@@ -282,6 +282,8 @@ def up(options: UpOptions) -> int:
             f"{options.data_dir / ADMIN_KEY_FILE}:\n{api_key}"
             f"\nMake keys for tenants with `tffleet keys create --tenant NAME`."
             f"\n\nTry it:\n{_curl_example(base_url, api_key, loaded[0])}\n"
+            f"\nWatch it: the console at {base_url}/console (paste the admin key above) shows "
+            f"the models, devices, tenants and jobs live."
             f"\nA new version directory copied into {options.models}/<name>/ is served within "
             f"seconds, and the old one drains ({base_url}/v1/models shows which runs where)."
             f"\nOther tffleet commands and tffleet.Client() run in this directory use this "

@@ -1,0 +1,233 @@
+"""The operator's console: a page (`/console`) and the two admin reads it polls.
+
+The page and its script and styles are files of the package (api/console/), served as they
+are: no CDN, no build step, so it works on an air-gapped cluster. It asks for an admin key and
+keeps it in the browser's session storage; the key goes in the `Authorization` header of the
+reads, never in a URL.
+
+    GET /v1/console/overview    models and who holds them, devices, tenants, the last minutes'
+                                throughput and latency, the latest failures (admin)
+    GET /v1/console/jobs/{id}   one job: its timeline, and its outputs' shapes (admin)
+
+The overview is read at most once a second per API process, however many consoles poll it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi import Path as PathParam
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
+
+from api.schemas import JOB_ID_MAX_LENGTH, error_responses, json_response
+from api.state import AppState, get_state
+from db import clock, console, jobs, presence, registry, tenants
+from db.models import JobStatus, ModelPresence
+from db.tenants import Limits
+from db.views import iso_utc, job_out
+from tffleet import tensors
+
+ASSETS = Path(__file__).resolve().parent.parent / "console"
+# The charts' span: the last this many whole minutes and the current one.
+MINUTES = 15
+# How far back the latest failures are looked for.
+FAILURES_SINCE = timedelta(hours=24)
+# One read of the overview serves every console polling within this many seconds.
+_FRESH_S = 1.0
+
+router = APIRouter(tags=["console"])
+
+
+@router.get("/console", include_in_schema=False)
+async def page() -> Response:
+    """The console page (no key needed to load it; every read it makes takes an admin key)."""
+    return FileResponse(ASSETS / "index.html", media_type="text/html")
+
+
+@router.get("/v1/console/overview", responses=error_responses(401, 403, 503))
+async def overview(request: Request) -> Response:
+    """The fleet at a glance, for the console: each model version with the live children
+    holding it (host, device, state, busy share) and its queued and running jobs and oldest
+    queued age; the devices; the tenants with their queued jobs and quotas; jobs ended and
+    their latency per minute over the last 15 minutes; the latest failures. Admin keys only."""
+    state = get_state(request)
+    await state.auth.admin(request)
+    cache: _Cache | None = getattr(request.app.state, "console_overview", None)
+    if cache is None:
+        cache = request.app.state.console_overview = _Cache()
+    return json_response(await cache.get(state))
+
+
+class _Cache:
+    """The last overview read, shared by every request within `_FRESH_S`; one read at a time."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._at = float("-inf")
+        self._value: dict[str, Any] = {}
+
+    async def get(self, state: AppState) -> dict[str, Any]:
+        async with self._lock:
+            if time.monotonic() - self._at > _FRESH_S:
+                self._value = await run_in_threadpool(_read_overview, state)
+                self._at = time.monotonic()
+            return self._value
+
+
+def _read_overview(state: AppState) -> dict[str, Any]:
+    settings = state.settings
+    with state.reads() as session:
+        now = clock.now(session)
+        since = presence.live_since(settings.model_poll_s, now)
+        found = registry.overview(session=session, live_since=since)
+        live = presence.live(session=session, since=since)
+        backlog = console.unfinished(session=session)
+        minutes = console.minutes(session=session, now=now, count=MINUTES)
+        failures = console.latest_failures(session=session, since=now - FAILURES_SINCE)
+        known = tenants.list_tenants(session=session)
+
+    oldest: dict[tuple[str, int], Any] = {}
+    per_tenant: dict[str, dict[str, int]] = {}
+    for row in backlog:
+        at = oldest.get((row.model, row.version))
+        if row.oldest_queued_at is not None and (at is None or row.oldest_queued_at < at):
+            oldest[(row.model, row.version)] = row.oldest_queued_at
+        counts = per_tenant.setdefault(row.tenant, {"queued": 0, "running": 0})
+        counts["queued"] += row.queued
+        counts["running"] += row.running
+
+    def age_s(model: str, version: int) -> float | None:
+        at = oldest.get((model, version))
+        return None if at is None else max(0.0, (now - at).total_seconds())
+
+    defaults = Limits.defaults(settings)
+    tenant_rows = {t.name: t for t in known}
+    return {
+        "now": iso_utc(now),
+        "models": [
+            {
+                "name": v.model.name,
+                "version": v.model.version,
+                "format": v.model.format,
+                "latest": v.latest,
+                "served": v.served,
+                "retired": v.retired,
+                "queued": v.queued,
+                "running": v.running,
+                "oldest_queued_s": age_s(v.model.name, v.model.version),
+                "holders": [_holder(row) for row in v.holders],
+            }
+            for v in found.versions
+        ],
+        "load_errors": [
+            {"model": r.name, "version": r.version or None, "error": r.error or "", **_holder(r)}
+            for r in found.load_errors
+        ],
+        "devices": _devices(live),
+        "tenants": [
+            {
+                "name": name,
+                "weight": defaults.over(tenant_rows.get(name)).weight,
+                "max_queued_jobs": defaults.over(tenant_rows.get(name)).max_queued_jobs,
+                **per_tenant.get(name, {"queued": 0, "running": 0}),
+            }
+            for name in sorted(set(tenant_rows) | set(per_tenant))
+        ],
+        "minutes": [
+            {
+                "start": iso_utc(m.start),
+                "ended": m.ended,
+                "failed": m.failed,
+                "p50_ms": m.p50_ms,
+                "p95_ms": m.p95_ms,
+            }
+            for m in minutes
+        ],
+        "failures": [
+            {
+                "id": job.id,
+                "tenant": job.tenant,
+                "model": job.model,
+                "version": job.version,
+                "code": job.error_code,
+                "message": job.error_message or "",
+                "finished_at": iso_utc(job.finished_at),
+            }
+            for job in failures
+        ],
+    }
+
+
+def _holder(row: ModelPresence) -> dict[str, Any]:
+    return {
+        "host": row.host,
+        "pid": row.pid,
+        "device": row.device,
+        "state": row.state,
+        "since": iso_utc(row.since),
+        "busy": row.busy,
+    }
+
+
+def _devices(live: list[ModelPresence]) -> list[dict[str, Any]]:
+    """Each live child (one per device and host): what it holds and how busy it kept its
+    device over the last minute (the sum over the models it ran)."""
+    children: dict[str, dict[str, Any]] = {}
+    for row in live:
+        child = children.setdefault(
+            row.child,
+            {"host": row.host, "pid": row.pid, "device": row.device, "models": [], "busy": None},
+        )
+        if row.version:  # 0: a load error of a model.toml, not a version held
+            child["models"].append(f"{row.name}:{row.version} {row.state}")
+        if row.busy is not None:
+            child["busy"] = (child["busy"] or 0.0) + row.busy
+    return sorted(children.values(), key=lambda c: (c["host"], c["device"], c["pid"]))
+
+
+@router.get("/v1/console/jobs/{job_id}", responses=error_responses(401, 403, 404, 422, 503))
+async def job(
+    job_id: Annotated[str, PathParam(max_length=JOB_ID_MAX_LENGTH)], request: Request
+) -> Response:
+    """One job, any tenant's, for the console: as `GET /v1/jobs/{id}` shows it, outputs left
+    out, with its timeline (created, each attempt started and how it ended, finished) and its
+    outputs' dtypes and shapes. Admin keys only."""
+    state = get_state(request)
+    await state.auth.admin(request)
+
+    def read() -> dict[str, Any]:
+        with state.reads() as session:
+            found = jobs.get(session=session, job_id=job_id)
+            out = job_out(found, with_outputs=False)
+            out["tenant"] = found.tenant
+            out["samples"] = found.samples
+            out["timeline"] = _timeline(found)
+            shapes = None
+            if found.status == JobStatus.SUCCEEDED.value and found.outputs is not None:
+                shapes = {
+                    name: {"dtype": _dtype(array), "shape": list(array.shape)}
+                    for name, array in tensors.unpack(found.outputs).items()
+                }
+            out["output_shapes"] = shapes
+            return out
+
+    return json_response(await run_in_threadpool(read))
+
+
+def _dtype(array: Any) -> str:
+    return tensors.STRING if tensors.is_string(array) else str(array.dtype.name)
+
+
+def _timeline(job: Any) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = [{"at": iso_utc(job.created_at), "event": "created"}]
+    for entry in jobs.history_of(job):
+        events.append({"at": iso_utc(entry.at), "event": entry.event, "detail": entry.detail})
+    if job.finished_at is not None:
+        events.append({"at": iso_utc(job.finished_at), "event": job.status})
+    return events

@@ -1,0 +1,123 @@
+"""What the operator's console shows (api/routes/console.py), read in a few indexed queries.
+
+    the queue      queued and running jobs per model version and tenant, the oldest queued
+    the minutes    jobs ended per minute over the last `minutes`, their latency (created to
+                   finished) at p50 and p95 from a bounded sample of each minute
+    failures       the latest failed jobs with their error codes
+
+Every read here is bounded: the console polls it, and it must stay cheap beside the traffic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from db.models import Job, JobStatus
+
+_UNFINISHED = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
+# Latencies sampled per minute: enough for a p95 that means something, bounded per poll.
+LATENCY_SAMPLE = 200
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """Queued and running jobs of one model version (and tenant), and the oldest queued one."""
+
+    model: str
+    version: int
+    tenant: str
+    queued: int
+    running: int
+    oldest_queued_at: datetime | None
+
+
+def unfinished(*, session: Session) -> list[Unfinished]:
+    """Per model version and tenant: one scan of the unfinished rows (the backlog itself)."""
+    queued = Job.status == JobStatus.QUEUED.value
+    rows = session.execute(
+        select(
+            Job.model,
+            Job.version,
+            Job.tenant,
+            func.sum(case((queued, 1), else_=0)),
+            func.sum(case((queued, 0), else_=1)),
+            func.min(case((queued, Job.created_at), else_=None)),
+        )
+        .where(Job.status.in_(_UNFINISHED), Job.parent_id.is_(None))
+        .group_by(Job.model, Job.version, Job.tenant)
+    ).all()
+    return [
+        Unfinished(model, version, tenant, int(q or 0), int(r or 0), oldest)
+        for model, version, tenant, q, r, oldest in rows
+    ]
+
+
+@dataclass(frozen=True)
+class Minute:
+    start: datetime
+    ended: int  # jobs that ended in it (succeeded, failed or canceled)
+    failed: int
+    p50_ms: float | None  # latency, created to finished, of a sample of them
+    p95_ms: float | None
+
+
+def minutes(*, session: Session, now: datetime, count: int) -> list[Minute]:
+    """The last `count` whole minutes and the current one, oldest first."""
+    top = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    edges = [top - timedelta(minutes=count + 1 - i) for i in range(count + 2)]
+    # One range scan of the finished_at index counts every minute at once: how many ended at
+    # or after each edge; the differences are the minutes' counts.
+    failed = Job.status == JobStatus.FAILED.value
+    since = [func.sum(case((Job.finished_at >= edge, 1), else_=0)) for edge in edges[1:-1]]
+    since_failed = [
+        func.sum(case(((Job.finished_at >= edge) & failed, 1), else_=0)) for edge in edges[1:-1]
+    ]
+    row = session.execute(
+        select(func.count(), func.sum(case((failed, 1), else_=0)), *since, *since_failed).where(
+            Job.finished_at >= edges[0], Job.parent_id.is_(None)
+        )
+    ).one()
+    total, total_failed = int(row[0] or 0), int(row[1] or 0)
+    at_or_after = [total, *(int(v or 0) for v in row[2 : 2 + count]), 0]
+    failed_after = [total_failed, *(int(v or 0) for v in row[2 + count :]), 0]
+    found = []
+    for i in range(count + 1):
+        ended = at_or_after[i] - at_or_after[i + 1]
+        p50 = p95 = None
+        if ended:
+            p50, p95 = _latency(session, edges[i], edges[i + 1])
+        found.append(Minute(edges[i], ended, failed_after[i] - failed_after[i + 1], p50, p95))
+    return found
+
+
+def _latency(session: Session, start: datetime, end: datetime) -> tuple[float, float]:
+    rows = session.execute(
+        select(Job.created_at, Job.finished_at)
+        .where(Job.finished_at >= start, Job.finished_at < end, Job.parent_id.is_(None))
+        .order_by(Job.finished_at.desc())
+        .limit(LATENCY_SAMPLE)
+    ).all()
+    took = sorted(
+        (finished - created).total_seconds() * 1000
+        for created, finished in rows
+        if finished is not None
+    )
+    if not took:
+        return 0.0, 0.0
+    return took[len(took) // 2], took[min(len(took) - 1, int(len(took) * 0.95))]
+
+
+def latest_failures(*, session: Session, since: datetime, limit: int = 10) -> list[Job]:
+    """The latest failed jobs that ended since `since`, newest first (by the finished_at index)."""
+    return list(
+        session.scalars(
+            select(Job)
+            .where(Job.finished_at >= since, Job.status == JobStatus.FAILED.value)
+            .order_by(Job.finished_at.desc())
+            .limit(limit)
+        )
+    )
