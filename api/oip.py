@@ -278,7 +278,17 @@ def _from_binary(data: memoryview, dtype: str, count: int, where: str) -> np.nda
     return array.astype(element.newbyteorder("="), copy=False)
 
 
+# BYTES elements one binary input may hold: each is read in Python, about 0.3 s per million
+# here, so a body of millions of empty strings would hold a thread for seconds.
+MAX_STRING_ELEMENTS = 250_000
+
+
 def _strings(data: memoryview, count: int, where: str) -> np.ndarray:
+    if count > MAX_STRING_ELEMENTS:
+        raise PayloadTooLarge(
+            f"{where}: {count} BYTES elements; an input holds at most {MAX_STRING_ELEMENTS} "
+            "(split the request)"
+        )
     items: list[bytes] = []
     at = 0
     while at < len(data):

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tritonclient.http import InferInput, InferRequestedOutput, InferResult
 from tritonclient.http._utils import _get_inference_request
 
+from api import oip
 from db import registry
 from db.models import Job, PresenceState
 from tests.api.conftest import (
@@ -381,6 +382,23 @@ async def test_bytes_elements_are_read_by_their_lengths_and_a_cut_one_is_refused
         response = await api.client.post("/v2/models/text/infer", content=body, headers=headers)
         assert response.status_code == 400 and says in response.json()["error"], response.text
     assert_nothing_left(sessions, broker)
+
+
+async def test_an_input_of_too_many_bytes_elements_is_413_before_they_are_read(
+    api: Api, sessions: Sessions, oip_models: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(oip, "MAX_STRING_ELEMENTS", 3)
+    data = struct.pack("<I", 0) * 4
+    body, headers = _binary_body(
+        {"inputs": [{"name": "text", "shape": [4], "datatype": "BYTES",
+                     "parameters": {"binary_data_size": len(data)}}]},
+        data,
+    )  # fmt: skip
+    response = await api.client.post("/v2/models/text/infer", content=body, headers=headers)
+
+    assert response.status_code == 413
+    assert "4 BYTES elements; an input holds at most 3" in response.json()["error"]
+    assert count_jobs(sessions) == 0
 
 
 async def test_a_compressed_body_is_refused_by_name_and_a_large_one_is_413(
