@@ -393,7 +393,7 @@ def _insert_unless_key_taken(session: Session) -> Any:
 
 
 @functools.cache
-def _claim_statement(*, fresh_only: bool) -> Update:
+def _claim_statement(*, fresh_only: bool, history: bool = True) -> Update:
     """The compare-and-set that claims jobs: only rows still queued (and, `fresh_only`, never
     claimed) move, so of two racing claimers exactly one wins each job (PostgreSQL re-checks
     the WHERE after a concurrent update; SQLite serializes writers). Built once: building a
@@ -411,7 +411,8 @@ def _claim_statement(*, fresh_only: bool) -> Update:
             lease_expires_at=bindparam("c_expires"),
             worker=bindparam("c_worker"),
             started_at=bindparam("c_now"),
-            history=_appended(bindparam("c_history", type_=Text)),
+            # `history=False`: the claim as it was before jobs kept one (bench/history.py).
+            **({"history": _appended(bindparam("c_history", type_=Text))} if history else {}),
         )
         .returning(
             _jobs.c.id,
