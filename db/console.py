@@ -10,6 +10,7 @@ Every read here is bounded: the console polls it, and it must stay cheap beside 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -65,36 +66,41 @@ class Minute:
     p95_ms: float | None
 
 
-def minutes(*, session: Session, now: datetime, count: int) -> list[Minute]:
-    """The last `count` whole minutes and the current one, oldest first."""
+def minutes(
+    *, session: Session, now: datetime, count: int, known: Mapping[datetime, Minute] | None = None
+) -> list[Minute]:
+    """The last `count` whole minutes and the current one, oldest first. Minutes in `known`
+    (by start) are taken from it: only the minutes after the last known one are read, in one
+    range scan of the finished_at index (how many ended at or after each minute's start; the
+    differences are the minutes' counts) and a bounded latency sample each."""
+    known = known or {}
     top = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    edges = [top - timedelta(minutes=count + 1 - i) for i in range(count + 2)]
-    # One range scan of the finished_at index counts every minute at once: how many ended at
-    # or after each edge; the differences are the minutes' counts.
-    failed = Job.status == JobStatus.FAILED.value
-    since = [func.sum(case((Job.finished_at >= edge, 1), else_=0)) for edge in edges[1:-1]]
-    since_failed = [
-        func.sum(case(((Job.finished_at >= edge) & failed, 1), else_=0)) for edge in edges[1:-1]
-    ]
-    row = session.execute(
-        select(func.count(), func.sum(case((failed, 1), else_=0)), *since, *since_failed).where(
-            Job.finished_at >= edges[0], Job.parent_id.is_(None)
-        )
-    ).one()
-    total, total_failed = int(row[0] or 0), int(row[1] or 0)
-    at_or_after = [total, *(int(v or 0) for v in row[2 : 2 + count]), 0]
-    failed_after = [total_failed, *(int(v or 0) for v in row[2 + count :]), 0]
-    found = []
-    for i in range(count + 1):
-        ended = at_or_after[i] - at_or_after[i + 1]
-        p50 = p95 = None
-        if ended:
-            p50, p95 = _latency(session, edges[i], edges[i + 1])
-        found.append(Minute(edges[i], ended, failed_after[i] - failed_after[i + 1], p50, p95))
-    return found
+    starts = [top - timedelta(minutes=count + 1 - i) for i in range(count + 1)]
+    first = next((i for i, start in enumerate(starts) if start not in known), len(starts))
+    edges = [*starts[first:], top]
+    read: list[Minute] = []
+    if len(edges) > 1:
+        failed = Job.status == JobStatus.FAILED.value
+        inner = edges[1:-1]
+        row = session.execute(
+            select(
+                func.count(),
+                func.sum(case((failed, 1), else_=0)),
+                *(func.sum(case((Job.finished_at >= edge, 1), else_=0)) for edge in inner),
+                *(func.sum(case(((Job.finished_at >= e) & failed, 1), else_=0)) for e in inner),
+            ).where(Job.finished_at >= edges[0], Job.parent_id.is_(None))
+        ).one()
+        n = len(inner)
+        at_or_after = [int(row[0] or 0), *(int(v or 0) for v in row[2 : 2 + n]), 0]
+        failed_after = [int(row[1] or 0), *(int(v or 0) for v in row[2 + n :]), 0]
+        for i in range(len(edges) - 1):
+            ended = at_or_after[i] - at_or_after[i + 1]
+            p50, p95 = _latency(session, edges[i], edges[i + 1]) if ended else (None, None)
+            read.append(Minute(edges[i], ended, failed_after[i] - failed_after[i + 1], p50, p95))
+    return [known[start] for start in starts[:first]] + read
 
 
-def _latency(session: Session, start: datetime, end: datetime) -> tuple[float, float]:
+def _latency(session: Session, start: datetime, end: datetime) -> tuple[float | None, float | None]:
     rows = session.execute(
         select(Job.created_at, Job.finished_at)
         .where(Job.finished_at >= start, Job.finished_at < end, Job.parent_id.is_(None))
@@ -107,7 +113,7 @@ def _latency(session: Session, start: datetime, end: datetime) -> tuple[float, f
         if finished is not None
     )
     if not took:
-        return 0.0, 0.0
+        return None, None
     return took[len(took) // 2], took[min(len(took) - 1, int(len(took) * 0.95))]
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,6 +40,8 @@ MINUTES = 15
 FAILURES_SINCE = timedelta(hours=24)
 # One read of the overview serves every console polling within this many seconds.
 _FRESH_S = 1.0
+# A minute this long past its end is settled: no job ending in it is still to be committed.
+_SETTLED = timedelta(seconds=30)
 
 router = APIRouter(tags=["console"])
 
@@ -65,22 +67,31 @@ async def overview(request: Request) -> Response:
 
 
 class _Cache:
-    """The last overview read, shared by every request within `_FRESH_S`; one read at a time."""
+    """The last overview read, shared by every request within `_FRESH_S` (one read at a time),
+    and the minutes long past, which no longer change: each read scans only the last two."""
 
     def __init__(self) -> None:
         self._lock = asyncio.Lock()
         self._at = float("-inf")
         self._value: dict[str, Any] = {}
+        self.closed: dict[datetime, console.Minute] = {}
 
     async def get(self, state: AppState) -> dict[str, Any]:
         async with self._lock:
             if time.monotonic() - self._at > _FRESH_S:
-                self._value = await run_in_threadpool(_read_overview, state)
+                self._value = await run_in_threadpool(_read_overview, state, self)
                 self._at = time.monotonic()
             return self._value
 
+    def keep(self, minutes: list[console.Minute], now: datetime) -> None:
+        """Remember the minutes that ended over `_SETTLED` ago (a job's end is committed
+        moments after the time it records), and forget those out of the charts' span."""
+        self.closed = {
+            m.start: m for m in minutes if m.start + timedelta(minutes=1) + _SETTLED <= now
+        }
 
-def _read_overview(state: AppState) -> dict[str, Any]:
+
+def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
     settings = state.settings
     with state.reads() as session:
         now = clock.now(session)
@@ -88,9 +99,10 @@ def _read_overview(state: AppState) -> dict[str, Any]:
         found = registry.overview(session=session, live_since=since)
         live = presence.live(session=session, since=since)
         backlog = console.unfinished(session=session)
-        minutes = console.minutes(session=session, now=now, count=MINUTES)
+        minutes = console.minutes(session=session, now=now, count=MINUTES, known=cache.closed)
         failures = console.latest_failures(session=session, since=now - FAILURES_SINCE)
         known = tenants.list_tenants(session=session)
+    cache.keep(minutes, now)
 
     oldest: dict[tuple[str, int], Any] = {}
     per_tenant: dict[str, dict[str, int]] = {}
