@@ -23,7 +23,8 @@ from api.metrics import REQUESTS_REJECTED
 from api.schemas import JobCreate, json_response
 from api.state import AppState
 from api.submission import parse, prepare, wait_for
-from db.models import JobStatus
+from db import clock, presence, registry
+from db.models import JobStatus, ModelVersion
 from db.tenants import Caller
 from tffleet import tensors
 from tffleet.errors import (
@@ -81,6 +82,17 @@ def model_ref(name: str, version: str | None) -> tuple[str, int | None]:
     if not version.isascii() or not version.isdigit() or not 1 <= int(version) <= _MAX_VERSION:
         raise InvalidRequest(f"version: expected a positive integer, got {version!r}")
     return name, int(version)
+
+
+def versions(state: AppState, model: str) -> list[tuple[ModelVersion, bool]]:
+    """The model's registered versions, oldest first, each with whether a live worker holds it;
+    404 for a model that is not registered. Blocking: call it in a thread."""
+    with state.reads() as session:
+        since = presence.live_since(state.settings.model_poll_s, clock.now(session))
+        found = registry.versions_of(session=session, name=model, live_since=since)
+    if not found:
+        raise ModelNotFound(f"model: no model named {model!r} is registered")
+    return found
 
 
 class Unanswered(TffleetError):

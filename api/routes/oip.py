@@ -23,7 +23,7 @@ from api import facade, oip
 from api.body import INLINE_BYTES, read_bytes
 from api.routes.health import readiness
 from api.schemas import json_response
-from api.state import AppState, get_state
+from api.state import get_state
 from db import clock, presence, registry
 from tffleet.errors import ModelNotFound, TffleetError, UnsupportedMediaType
 
@@ -79,7 +79,7 @@ async def _ready(request: Request, name: str, version_text: str | None) -> Respo
         model, version = facade.model_ref(name, version_text)
 
         def read() -> bool:
-            found = _versions(state, model)
+            found = facade.versions(state, model)
             served = [m.version for m, loaded in found if loaded and m.retired_at is None]
             if version is None:
                 return bool(served)
@@ -91,15 +91,6 @@ async def _ready(request: Request, name: str, version_text: str | None) -> Respo
         return json_response({"name": model, "ready": ready}, 200 if ready else 400)
     except TffleetError as exc:
         return facade.rejected(exc)
-
-
-def _versions(state: AppState, model: str) -> list[tuple[Any, bool]]:
-    with state.reads() as session:
-        since = presence.live_since(state.settings.model_poll_s, clock.now(session))
-        found = registry.versions_of(session=session, name=model, live_since=since)
-    if not found:
-        raise ModelNotFound(f"model: no model named {model!r} is registered")
-    return found
 
 
 @router.get("/models/{name}", responses=_MODEL)

@@ -92,11 +92,7 @@ async def _status(request: Request, name: str, version_text: str | None) -> Resp
         model, version = facade.model_ref(name, version_text)
 
         def read() -> list[dict[str, Any]]:
-            with state.reads() as session:
-                since = presence.live_since(state.settings.model_poll_s, clock.now(session))
-                found = registry.versions_of(session=session, name=model, live_since=since)
-            if not found:
-                raise ModelNotFound(f"model: no model named {model!r} is registered")
+            found = facade.versions(state, model)
             states = [
                 tfserving.version_status(m.version, _state(m.retired_at is not None, loaded))
                 for m, loaded in found
