@@ -14,14 +14,10 @@ import argparse
 import statistics
 import sys
 import time
-import uuid
 
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-
+from bench.scratch import scratch_database
 from db import jobs
 from db.engine import make_engine, make_sessionmaker
-from db.migrate import upgrade
 
 INDEXES = {
     "priority DESC (now)": "model, version, status, tenant, priority DESC, id",
@@ -34,13 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", default="postgresql+psycopg://postgres@127.0.0.1/test")
     parser.add_argument("--jobs", type=int, default=64_000)
     args = parser.parse_args(argv)
-    admin = make_engine(args.database_url, isolation_level="AUTOCOMMIT")
-    name = f"tffleet_bench_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(args.database_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
+    with scratch_database(args.database_url) as url:
         engine = make_engine(url)
         sessions = make_sessionmaker(engine)
         for start in range(0, args.jobs, 4000):
@@ -70,10 +60,6 @@ def main(argv: list[str] | None = None) -> int:
                 session.close()
             print(f"  {label:24s} {statistics.median(took) * 1000:7.2f} ms")
         engine.dispose()
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
     return 0
 
 

@@ -15,17 +15,15 @@ import argparse
 import statistics
 import sys
 import time
-import uuid
 from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from api.routes.console import _Cache, _read_overview
+from bench.scratch import scratch_database
 from db import jobs, tenants
 from db.engine import make_engine, make_sessionmaker
-from db.migrate import upgrade
 from tffleet.settings import Settings
 
 ROUNDS = 15
@@ -64,13 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ended", type=int, default=200_000)
     parser.add_argument("--queued", type=int, default=20_000)
     args = parser.parse_args(argv)
-    admin = make_engine(args.database_url, isolation_level="AUTOCOMMIT")
-    name = f"tffleet_bench_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(args.database_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
+    with scratch_database(args.database_url) as url:
         engine = make_engine(url)
         sessions = make_sessionmaker(engine)
         _fill(sessions, args.ended, args.queued)
@@ -96,10 +88,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
             insert.append(time.perf_counter() - started)
         engine.dispose()
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
     cold_ms, warm_ms = statistics.median(cold) * 1000, statistics.median(warm) * 1000
     insert_ms = statistics.median(insert) * 1000
     print(

@@ -13,44 +13,13 @@ import argparse
 import functools
 import statistics
 import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-
+from bench.scratch import scratch_database
 from db import jobs
 from db.engine import make_engine, make_sessionmaker
-from db.migrate import upgrade
 
 JOBS, BATCH, ROUNDS = 20_000, 128, 40
-
-
-@contextmanager
-def _scratch(url: str) -> Iterator[str]:
-    """A scratch database at `url`'s server (PostgreSQL), or a SQLite file, migrated."""
-    if url.startswith("sqlite"):
-        with tempfile.TemporaryDirectory() as tmp:
-            scratch = f"sqlite:///{Path(tmp) / 'bench.db'}"
-            upgrade(scratch)
-            yield scratch
-        return
-    admin = make_engine(url, isolation_level="AUTOCOMMIT")
-    name = f"tffleet_bench_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        scratch = make_url(url).set(database=name).render_as_string(hide_password=False)
-        upgrade(scratch)
-        yield scratch
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def measure(url: str) -> tuple[float, float]:
@@ -94,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(f"claim_next of {BATCH} from {JOBS} queued jobs, median of {ROUNDS} each, in turns:")
     for label, url in (("PostgreSQL", args.database_url), ("SQLite", "sqlite://")):
-        with _scratch(url) as scratch:
+        with scratch_database(url) as scratch:
             with_ms, without_ms = measure(scratch)
         print(
             f"  {label:10s} with history {with_ms:6.2f} ms, without {without_ms:6.2f} ms: "
