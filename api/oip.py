@@ -409,6 +409,27 @@ def _json_type(value: Any) -> str:
     )
 
 
+def read_index_request(body: bytes) -> bool:
+    """Whether a repository index request asks for the ready models only (`{"ready": true}`);
+    an empty body asks for all."""
+    if not body.strip():
+        return False
+    parsed = read_header(body, max_items=16)
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("ready", False), bool):
+        raise InvalidRequest('body: expected {"ready": true or false}, or nothing')
+    return bool(parsed.get("ready", False))
+
+
+def index_entry(name: str, version: int, *, served: bool, retired: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "version": str(version)}
+    if served:
+        entry["state"] = "READY"
+    else:
+        entry["state"] = "UNAVAILABLE"
+        entry["reason"] = "retired" if retired else "no live worker holds it"
+    return entry
+
+
 def tensor_metadata(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     shape = spec.get("shape")
     return {

@@ -157,6 +157,33 @@ async def _described(
         return facade.rejected(exc)
 
 
+@router.post("/repository/index", responses=facade.responses(400, 401, 503))
+async def repository_index(request: Request) -> Response:
+    """Triton's model repository index (`get_model_repository_index`): every registered version,
+    `READY` while a live worker holds it and it takes new jobs, else `UNAVAILABLE` with the
+    reason. With `{"ready": true}`, the ready ones only. (Loading and unloading are the
+    workers' own: new version directories are served as they appear.)"""
+    state = get_state(request)
+    try:
+        await state.auth(request)
+        body = await read_bytes(request, max_bytes=state.settings.max_body_bytes)
+        ready_only = oip.read_index_request(body)
+
+        def read() -> list[dict[str, Any]]:
+            with state.reads() as session:
+                since = presence.live_since(state.settings.model_poll_s, clock.now(session))
+                found = registry.overview(session=session, live_since=since)
+            index = [
+                oip.index_entry(v.model.name, v.model.version, served=v.served, retired=v.retired)
+                for v in found.versions
+            ]
+            return [e for e in index if e["state"] == "READY"] if ready_only else index
+
+        return json_response(await run_in_threadpool(read))
+    except TffleetError as exc:
+        return facade.rejected(exc)
+
+
 @router.post("/models/{name}/infer", responses=_INFER)
 async def infer(name: str, request: Request) -> Response:
     """Infer on the model's latest version: a JSON body, or with the binary tensor data

@@ -494,6 +494,24 @@ async def test_a_model_is_ready_once_a_live_worker_holds_it(
     assert unknown.status_code == 404 and "has no version 9" in unknown.json()["error"]
 
 
+async def test_the_repository_index_lists_each_version_ready_or_not(
+    api: Api, sessions: Sessions, oip_models: None
+) -> None:
+    report(sessions, "cpu:0", ("mixed", 1, PresenceState.LOADED))
+    every = await api.client.post("/v2/repository/index")
+    ready = await api.client.post("/v2/repository/index", json={"ready": True})
+    bad = await api.client.post("/v2/repository/index", json={"ready": "yes"})
+
+    assert every.status_code == 200, every.text
+    assert {"name": "mixed", "version": "1", "state": "READY"} in every.json()
+    assert {
+        "name": "text", "version": "1", "state": "UNAVAILABLE",
+        "reason": "no live worker holds it",
+    } in every.json()  # fmt: skip
+    assert ready.json() == [{"name": "mixed", "version": "1", "state": "READY"}]
+    assert bad.status_code == 400 and set(bad.json()) == {"error"}
+
+
 async def test_unknown_models_and_versions_get_404_in_the_protocols_shape(
     api: Api, sessions: Sessions, broker: redis.Redis
 ) -> None:
@@ -530,6 +548,7 @@ async def test_every_model_route_takes_a_key_and_answers_401_in_the_protocols_sh
         ("GET", "/v2/models/mixed/config"),
         ("POST", "/v2/models/mixed/infer"),
         ("POST", "/v2/models/mixed/versions/1/infer"),
+        ("POST", "/v2/repository/index"),
     ]:
         response = await api.client.request(method, path, content=body, headers=anonymous)
         assert response.status_code == 401, (path, response.text)
