@@ -24,8 +24,9 @@ function el(tag, attrs = {}, ...children) {
 }
 
 async function read(path) {
+  const key = sessionStorage.getItem(KEY);
   const response = await fetch(path, {
-    headers: { Authorization: `Bearer ${sessionStorage.getItem(KEY)}` },
+    headers: key ? { Authorization: `Bearer ${key}` } : {},
     cache: "no-store",
   });
   let body = null;
@@ -64,13 +65,15 @@ $("forget").addEventListener("click", () => {
 });
 
 function start() {
-  if (!sessionStorage.getItem(KEY)) return showLogin("");
+  // Without a key the first read tells: 401 asks for one; a fleet run with TFFLEET_AUTH=false
+  // (loopback only) answers, and needs none.
+  const key = sessionStorage.getItem(KEY);
   $("login").hidden = true;
-  $("forget").hidden = false;
-  poll();
+  $("forget").hidden = !key;
+  poll(!key);
 }
 
-async function poll() {
+async function poll(first = false) {
   clearTimeout(timer);
   try {
     const overview = await read("v1/console/overview");
@@ -80,8 +83,9 @@ async function poll() {
     $("status").className = "";
   } catch (error) {
     if (error.status === 401 || error.status === 403) {
+      const had = sessionStorage.getItem(KEY);
       sessionStorage.removeItem(KEY);
-      return showLogin(`The key was refused (${error.message}).`);
+      return showLogin(first && !had ? "" : `The key was refused (${error.message}).`);
     }
     $("status").textContent = `cannot read the fleet: ${error.message}; retrying`;
     $("status").className = "error";
