@@ -64,7 +64,9 @@ class Authenticator:
         """The caller, who must hold an admin key (403 for a tenant's)."""
         caller = await self(request)
         if not caller.admin:
-            raise Forbidden("this route takes an admin key (`tffleet keys create --admin`)")
+            raise Forbidden(
+                "this route takes an admin key (`tffleet keys create --tenant NAME --admin`)"
+            )
         return caller
 
     def _lookup(self, key: str) -> Caller | None:

@@ -62,6 +62,7 @@ class Minute:
     start: datetime
     ended: int  # jobs that ended in it (succeeded, failed or canceled)
     failed: int
+    canceled: int
     p50_ms: float | None  # latency, created to finished, of a sample of them
     p95_ms: float | None
 
@@ -80,23 +81,27 @@ def minutes(
     edges = [*starts[first:], top]
     read: list[Minute] = []
     if len(edges) > 1:
-        failed = Job.status == JobStatus.FAILED.value
-        inner = edges[1:-1]
+        kinds = [
+            Job.finished_at.is_not(None),
+            Job.status == JobStatus.FAILED.value,
+            Job.status == JobStatus.CANCELED.value,
+        ]
+        # For each kind, how many ended at or after each edge (the first: the whole range).
         row = session.execute(
             select(
-                func.count(),
-                func.sum(case((failed, 1), else_=0)),
-                *(func.sum(case((Job.finished_at >= edge, 1), else_=0)) for edge in inner),
-                *(func.sum(case(((Job.finished_at >= e) & failed, 1), else_=0)) for e in inner),
+                *(
+                    func.sum(case(((Job.finished_at >= edge) & kind, 1), else_=0))
+                    for kind in kinds
+                    for edge in edges[:-1]
+                )
             ).where(Job.finished_at >= edges[0], Job.parent_id.is_(None))
         ).one()
-        n = len(inner)
-        at_or_after = [int(row[0] or 0), *(int(v or 0) for v in row[2 : 2 + n]), 0]
-        failed_after = [int(row[1] or 0), *(int(v or 0) for v in row[2 + n :]), 0]
-        for i in range(len(edges) - 1):
-            ended = at_or_after[i] - at_or_after[i + 1]
+        n = len(edges) - 1
+        after = [[int(v or 0) for v in row[k * n : (k + 1) * n]] + [0] for k in range(3)]
+        for i in range(n):
+            ended, failed, canceled = (counts[i] - counts[i + 1] for counts in after)
             p50, p95 = _latency(session, edges[i], edges[i + 1]) if ended else (None, None)
-            read.append(Minute(edges[i], ended, failed_after[i] - failed_after[i + 1], p50, p95))
+            read.append(Minute(edges[i], ended, failed, canceled, p50, p95))
     return [known[start] for start in starts[:first]] + read
 
 

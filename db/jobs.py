@@ -182,7 +182,7 @@ _RETRYABLE = (JobStatus.FAILED.value, JobStatus.CANCELED.value)
 
 @dataclass(frozen=True)
 class HistoryEvent:
-    event: str  # "started", "requeued", "put back", "retried"
+    event: str  # "started", "requeued", "put back"; "failed" or "canceled", then "retried"
     at: datetime
     detail: str
 
@@ -978,7 +978,14 @@ def retry(
             parts=None,
             samples_done=None,
             deadline_at=_deadline(now, cancel_after_s),
-            history=_logged("retried", now),
+            # How the last run ended goes into the history: the columns that said so are cleared.
+            history=_appended(
+                literal(
+                    _history_line(job.status, job.finished_at or now, job.error_code or "")
+                    + _history_line("retried", now),
+                    Text,
+                )
+            ),
         )
     )
     if not result.rowcount:  # type: ignore[attr-defined]

@@ -141,10 +141,19 @@ def run_leases(leases: Sequence[Lease], *, runner: Runner, policy: BatchPolicy) 
 
 
 def describe_failure() -> str:
-    """The exception being handled, in one line."""
+    """The exception being handled, in one line: its first line and, where more follow, the
+    last line that is not part of a traceback. TensorFlow's op errors say only "Graph
+    execution error:" first and name the cause at the end ("Matrix size-incompatible: ...")."""
     exc = sys.exc_info()[1]
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:1000]
+    lines = str(exc).splitlines()
+    head = next((line.strip() for line in lines if line.strip()), "")
+    cause = [
+        line.strip()
+        for line in lines[1:]
+        if line.strip() and not line[:1].isspace() and not line.startswith("Detected at node")
+    ]
+    text = f"{head} {cause[-1]}" if cause and cause[-1] != head else head
+    return f"{type(exc).__name__}: {text}"[:1000]
 
 
 def _run_group(group: Group, ran: Ran, *, runner: Runner, policy: BatchPolicy) -> None:

@@ -207,17 +207,23 @@ function drawThroughput(minutes) {
   chart.replaceChildren();
   const top = Math.max(1, ...minutes.map((m) => m.ended));
   const step = W / minutes.length;
+  const scale = (H - 2 * PAD) / top;
   minutes.forEach((m, i) => {
-    const height = (m.ended / top) * (H - 2 * PAD);
-    const failed = (m.failed / top) * (H - 2 * PAD);
     const x = i * step + 1;
-    const bar = svg("rect", { x, y: H - PAD - height, width: step - 2, height: height - failed,
-      fill: "#2f855a" });
+    const group = svg("g", {});
     const title = svg("title", {});
-    title.textContent = `${time(m.start)}: ${m.ended} ended, ${m.failed} failed`;
-    bar.append(title);
-    chart.append(bar, svg("rect", { x, y: H - PAD - failed, width: step - 2, height: failed,
-      fill: "#c53030" }));
+    title.textContent = `${time(m.start)}: ${m.ended} ended, ${m.failed} failed, ` +
+      `${m.canceled} canceled`;
+    group.append(title);
+    // Stacked from the bottom: failed, canceled, then the ones that succeeded.
+    let y = H - PAD;
+    for (const [count, color] of [[m.failed, "#c53030"], [m.canceled, "#a0aec0"],
+      [m.ended - m.failed - m.canceled, "#2f855a"]]) {
+      const height = count * scale;
+      y -= height;
+      if (height > 0) group.append(svg("rect", { x, y, width: step - 2, height, fill: color }));
+    }
+    chart.append(group);
   });
   axis(chart, top, minutes);
 }

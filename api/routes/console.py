@@ -156,6 +156,7 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
                 "start": iso_utc(m.start),
                 "ended": m.ended,
                 "failed": m.failed,
+                "canceled": m.canceled,
                 "p50_ms": m.p50_ms,
                 "p95_ms": m.p95_ms,
             }

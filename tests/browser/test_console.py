@@ -2,8 +2,9 @@
 (the API and a worker with TensorFlow): refused without an admin key, then showing a served
 model, the device holding it, and a finished job's timeline and output shapes.
 
-With TFFLEET_CONSOLE_SCREENSHOT=<path.png>, the test saves what the console shows: README's
-screenshot is made so (see README, "Watch the fleet").
+With TFFLEET_CONSOLE_SCREENSHOT=<path.png>, the test saves what the console shows, for a quick
+look after a change to the page. README's screenshot (docs/console.png) is of a live fleet under
+load instead: `make run`, some traffic, and the same browser.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def test_the_console_shows_the_fleet_to_an_admin_key_and_nothing_without_one(
     assert "default" in _text(browser, "#tenants tbody")
     # The throughput chart drew the minute's jobs: bars with a title saying how many.
     WebDriverWait(browser, 30).until(
-        lambda driver: driver.find_elements(By.CSS_SELECTOR, "#throughput rect title")
+        lambda driver: driver.find_elements(By.CSS_SELECTOR, "#throughput g title")
     )
     # The key is in the tab's session storage, never in the address.
     assert fleet.api_key not in browser.current_url

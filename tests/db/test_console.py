@@ -32,7 +32,7 @@ def test_minutes_count_what_ended_in_each_and_its_latency(
     with sessions() as session:
         now = clock.now(session)
     minute = now.replace(second=0, microsecond=0)
-    ids = make_jobs(4)
+    ids = make_jobs(5)
     ended(
         sessions,
         ids[0],
@@ -46,14 +46,17 @@ def test_minutes_count_what_ended_in_each_and_its_latency(
         status=JobStatus.FAILED,
     )
     ended(sessions, ids[2], minute, status=JobStatus.SUCCEEDED)
+    ended(sessions, ids[4], minute, status=JobStatus.CANCELED)
     ended(sessions, ids[3], minute - timedelta(minutes=30), status=JobStatus.SUCCEEDED)  # too old
 
     with sessions() as session:
         found = console.minutes(session=session, now=now, count=15)
 
     assert len(found) == 16 and found[-1].start == minute
-    assert [(m.ended, m.failed) for m in found[-3:]] == [(2, 1), (0, 0), (1, 0)]
-    assert sum(m.ended for m in found) == 3
+    assert [(m.ended, m.failed, m.canceled) for m in found[-3:]] == [
+        (2, 1, 0), (0, 0, 0), (2, 0, 1),
+    ]  # fmt: skip
+    assert sum(m.ended for m in found) == 4
     assert found[-3].p50_ms == found[-3].p95_ms == 1000.0
     assert found[-2].p50_ms is None
 
@@ -67,7 +70,7 @@ def test_known_minutes_are_not_read_again(sessions: Sessions, make_jobs: MakeJob
     with sessions() as session:
         first = console.minutes(session=session, now=now, count=15)
     # Every minute but the current one known, with a count the database never had.
-    known = {m.start: console.Minute(m.start, 99, 0, None, None) for m in first[:-1]}
+    known = {m.start: console.Minute(m.start, 99, 0, 0, None, None) for m in first[:-1]}
 
     with sessions() as session:
         again = console.minutes(session=session, now=now, count=15, known=known)

@@ -58,6 +58,7 @@ def test_each_attempt_and_each_return_to_the_queue_is_a_line_of_its_own(
         ("started", "host-a/7/cpu:0"),
         ("requeued", "each attempt's lease expired without a result"),
         ("started", "host-b/8/gpu:1"),
+        ("failed", "model_error"),
         ("retried", ""),
         ("started", "w3"),
         ("requeued", "handed back by its worker"),

@@ -21,6 +21,7 @@ from db import jobs
 from db.models import Job, JobStatus
 from tests.worker.test_batching import FakeRunner, assert_own_outputs, policy, read, samples, submit
 from tffleet.announcements import EndedJob
+from worker import pipeline
 from worker.batching import Batcher
 from worker.pipeline import Arrays
 
@@ -211,3 +212,34 @@ def test_a_batch_claimed_ahead_is_kept_alive_while_it_waits_for_the_device(
     assert waiting
     assert all(then[i] > first[i] for i in waiting)
     assert count(sessions, JobStatus.SUCCEEDED) == 8
+
+
+_GRAPH_ERROR = """Graph execution error:
+
+Detected at node MatMul defined at (most recent call last):
+  File "/srv/model.py", line 12, in serve
+    return tf.matmul(x, w)
+
+Matrix size-incompatible: In[0]: [1,5], In[1]: [4,2]
+\t [[{{node MatMul}}]] [Op:__inference_signature_wrapper_40]"""
+
+
+@pytest.mark.parametrize(
+    ("error", "described"),
+    [
+        (ValueError("bad width"), "ValueError: bad width"),
+        (
+            RuntimeError(_GRAPH_ERROR),
+            "RuntimeError: Graph execution error: Matrix size-incompatible: In[0]: [1,5], "
+            "In[1]: [4,2]",
+        ),
+        (KeyError(), "KeyError: "),
+    ],
+)
+def test_a_failure_is_one_line_with_the_cause_a_traceback_hides(
+    error: Exception, described: str
+) -> None:
+    try:
+        raise error
+    except Exception:
+        assert pipeline.describe_failure() == described
