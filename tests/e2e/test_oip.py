@@ -83,6 +83,11 @@ def test_tritonclient_infers_on_the_real_worker_with_binary_and_json_tensors(
     assert {"name": "x", "data_type": "TYPE_FP32", "dims": [3]} in config["input"]
     text_config = client.get_model_config("text", headers=key())
     assert text_config["input"] == [{"name": "text", "data_type": "TYPE_STRING", "dims": []}]
+    index = client.get_model_repository_index(headers=key())
+    assert {(m["name"], m["version"], m["state"]) for m in index} == {
+        ("mixed", "1", "READY"),
+        ("text", "1", "READY"),
+    }
 
     rng = np.random.default_rng(11)
     x = rng.standard_normal((3, 3)).astype(np.float32)
