@@ -8,7 +8,7 @@ that is not retired (`tffleet models register` records versions before any worke
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -192,11 +192,18 @@ class Overview:
     load_errors: list[ModelPresence]  # live children's failed loads, registered or not
 
 
-def overview(*, session: Session, live_since: datetime) -> Overview:
-    """Every registered version with the live children holding it and its unfinished jobs."""
+def overview(
+    *,
+    session: Session,
+    live_since: datetime,
+    counts: Mapping[tuple[str, int], Mapping[str, int]] | None = None,
+) -> Overview:
+    """Every registered version with the live children holding it and its unfinished jobs
+    (`counts`, where the caller has read them already: {(model, version): {status: count}})."""
     registered = list_versions(session=session)
     rows = presence.live(session=session, since=live_since)
-    counts = jobs.count_unfinished(session=session)
+    if counts is None:
+        counts = jobs.count_unfinished(session=session)
     failed = PresenceState.FAILED.value
     holders: dict[tuple[str, int], list[ModelPresence]] = {}
     for row in rows:

@@ -96,9 +96,15 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
     with state.reads() as session:
         now = clock.now(session)
         since = presence.live_since(settings.model_poll_s, now)
-        found = registry.overview(session=session, live_since=since)
-        live = presence.live(session=session, since=since)
         backlog = console.unfinished(session=session)
+        per_version: dict[tuple[str, int], dict[str, int]] = {}
+        for row in backlog:
+            count = per_version.setdefault((row.model, row.version), {"queued": 0, "running": 0})
+            count["queued"] += row.queued
+            count["running"] += row.running
+        # The backlog is scanned once: its counts are the models' too.
+        found = registry.overview(session=session, live_since=since, counts=per_version)
+        live = presence.live(session=session, since=since)
         minutes = console.minutes(session=session, now=now, count=MINUTES, known=cache.closed)
         failures = console.latest_failures(session=session, since=now - FAILURES_SINCE)
         known = tenants.list_tenants(session=session)
