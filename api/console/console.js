@@ -269,6 +269,10 @@ async function lookup(id) {
       ["Worker", job.worker || ""],
       ["Error", job.error ? `${job.error.code}: ${job.error.message}` : ""],
     ];
+    if (job.queue_position != null) {
+      facts.push(["Queue position", `${job.queue_position} jobs ahead` +
+        (job.eta_s != null ? `, about ${age(job.eta_s)}` : "")]);
+    }
     const timeline = el("ol", {}, ...job.timeline.map((e) => el("li", {},
       `${new Date(e.at).toLocaleString()} ${e.event}${e.detail ? " (" + e.detail + ")" : ""}`)));
     const shapes = job.output_shapes

@@ -27,7 +27,7 @@ from fastapi.responses import FileResponse
 
 from api.schemas import JOB_ID_MAX_LENGTH, error_responses, json_response
 from api.state import AppState, get_state
-from db import clock, console, jobs, presence, registry, tenants
+from db import clock, console, jobs, presence, registry, standing, tenants
 from db.models import JobStatus, ModelPresence
 from db.tenants import Limits
 from db.views import iso_utc, job_out
@@ -223,7 +223,8 @@ async def job(
     def read() -> dict[str, Any]:
         with state.reads() as session:
             found = jobs.get(session=session, job_id=job_id)
-            out = job_out(found, with_outputs=False)
+            placed = standing.place(session=session, jobs=[found], recent=state.reader.recent)
+            out = job_out(found, with_outputs=False, standing=placed.get(found.id))
             out["tenant"] = found.tenant
             out["samples"] = found.samples
             out["timeline"] = _timeline(found)

@@ -124,3 +124,5 @@ async def test_a_job_shows_its_timeline_and_its_outputs_shapes(
     }
     missing = await api.client.get("/v1/console/jobs/nope")
     assert missing.status_code == 404
+    queued = await api.client.get(f"/v1/console/jobs/{await submit(api)}")
+    assert queued.json()["queue_position"] == 0 and queued.json()["output_shapes"] is None
