@@ -96,32 +96,17 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
     with state.reads() as session:
         now = clock.now(session)
         since = presence.live_since(settings.model_poll_s, now)
-        backlog = console.unfinished(session=session)
-        per_version: dict[tuple[str, int], dict[str, int]] = {}
-        for row in backlog:
-            count = per_version.setdefault((row.model, row.version), {"queued": 0, "running": 0})
-            count["queued"] += row.queued
-            count["running"] += row.running
+        backlog = _Backlog(console.unfinished(session=session))
         # The backlog is scanned once: its counts are the models' too.
-        found = registry.overview(session=session, live_since=since, counts=per_version)
+        found = registry.overview(session=session, live_since=since, counts=backlog.per_version)
         live = presence.live(session=session, since=since)
         minutes = console.minutes(session=session, now=now, count=MINUTES, known=cache.closed)
         failures = console.latest_failures(session=session, since=now - FAILURES_SINCE)
         known = tenants.list_tenants(session=session)
     cache.keep(minutes, now)
 
-    oldest: dict[tuple[str, int], Any] = {}
-    per_tenant: dict[str, dict[str, int]] = {}
-    for row in backlog:
-        at = oldest.get((row.model, row.version))
-        if row.oldest_queued_at is not None and (at is None or row.oldest_queued_at < at):
-            oldest[(row.model, row.version)] = row.oldest_queued_at
-        counts = per_tenant.setdefault(row.tenant, {"queued": 0, "running": 0})
-        counts["queued"] += row.queued
-        counts["running"] += row.running
-
     def age_s(model: str, version: int) -> float | None:
-        at = oldest.get((model, version))
+        at = backlog.oldest.get((model, version))
         return None if at is None else max(0.0, (now - at).total_seconds())
 
     defaults = Limits.defaults(settings)
@@ -153,9 +138,9 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
                 "name": name,
                 "weight": defaults.over(tenant_rows.get(name)).weight,
                 "max_queued_jobs": defaults.over(tenant_rows.get(name)).max_queued_jobs,
-                **per_tenant.get(name, {"queued": 0, "running": 0}),
+                **backlog.per_tenant.get(name, {"queued": 0, "running": 0}),
             }
-            for name in sorted(set(tenant_rows) | set(per_tenant))
+            for name in sorted(set(tenant_rows) | set(backlog.per_tenant))
         ],
         "minutes": [
             {
@@ -181,6 +166,27 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
             for job in failures
         ],
     }
+
+
+class _Backlog:
+    """The unfinished jobs' counts per model version and per tenant, and each version's oldest
+    queued job, from the one scan of them (`console.unfinished`)."""
+
+    def __init__(self, rows: list[console.Unfinished]) -> None:
+        self.per_version: dict[tuple[str, int], dict[str, int]] = {}
+        self.per_tenant: dict[str, dict[str, int]] = {}
+        self.oldest: dict[tuple[str, int], datetime] = {}
+        for row in rows:
+            key = (row.model, row.version)
+            for counts in (
+                self.per_version.setdefault(key, {"queued": 0, "running": 0}),
+                self.per_tenant.setdefault(row.tenant, {"queued": 0, "running": 0}),
+            ):
+                counts["queued"] += row.queued
+                counts["running"] += row.running
+            at = self.oldest.get(key)
+            if row.oldest_queued_at is not None and (at is None or row.oldest_queued_at < at):
+                self.oldest[key] = row.oldest_queued_at
 
 
 def _holder(row: ModelPresence) -> dict[str, Any]:
