@@ -281,7 +281,8 @@ async function lookup(id) {
       : el("p", { class: "empty" }, "no outputs (yet)");
     out.replaceChildren(
       el("h3", { class: "mono" }, job.id),
-      el("dl", {}, ...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
+      el("dl", {}, ...facts.filter(([, v]) => v !== "" && v != null)
+        .flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])),
       el("h4", {}, "Timeline"), timeline,
       el("h4", {}, "Outputs"), shapes);
   } catch (error) {
