@@ -17,19 +17,17 @@ import contextlib
 import socket
 import statistics
 import subprocess
-import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import httpx
 import numpy as np
-from sqlalchemy import text, update
+from sqlalchemy import update
 from sqlalchemy.engine import make_url
 
 from api.app import create_app
+from bench.scratch import scratch_database
 from db import clock, jobs, registry, tenants
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import upgrade
@@ -57,24 +55,6 @@ def _redis() -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(10)
-
-
-@contextlib.contextmanager
-def _database(url: str | None) -> Iterator[str]:
-    if url is None:
-        with tempfile.TemporaryDirectory() as scratch:
-            yield f"sqlite:///{Path(scratch) / 'bench.db'}"
-        return
-    admin = make_engine(url, isolation_level="AUTOCOMMIT")
-    name = f"tffleet_bench_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _fill(url: str, count: int) -> tuple[str, str, str]:
@@ -163,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", default=None, help="PostgreSQL; default: SQLite")
     parser.add_argument("--jobs", type=int, default=10_000)
     args = parser.parse_args(argv)
-    with _database(args.database_url) as url, _redis() as redis_url:
+    with scratch_database(args.database_url or "sqlite://") as url, _redis() as redis_url:
         key, queued, finished = _fill(url, args.jobs)
         print(f"{args.jobs} queued jobs ({make_url(url).get_backend_name()}), median:")
         asyncio.run(_bench(url, redis_url, key, queued, finished))

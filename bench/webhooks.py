@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-
+from bench.scratch import scratch_database
 from db import jobs
 from db.engine import make_engine, make_sessionmaker
-from db.migrate import upgrade
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -65,38 +60,18 @@ def measure(url: str, *, batch: int, rounds: int, hooked: bool) -> dict[str, flo
     return {name: statistics.median(values) * 1000 for name, values in times.items()}
 
 
-def scratch_postgres(url: str) -> tuple[str, Callable[[], None]]:
-    admin = make_engine(url, isolation_level="AUTOCOMMIT")
-    name = f"bench_webhooks_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return make_url(url).set(database=name).render_as_string(hide_password=False), drop
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--webhooks", action="store_true", help="every job has a webhook")
     parser.add_argument("--postgres-url", default=POSTGRES)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        backends = {"sqlite": (f"sqlite:///{tmp}/bench.db", lambda: None)}
-        backends["postgresql"] = scratch_postgres(args.postgres_url)
-        for backend, (url, drop) in backends.items():
-            try:
-                upgrade(url)
-                for batch, rounds in ((1, 400), (128, 60)):
-                    measure(url, batch=batch, rounds=20, hooked=args.webhooks)  # warm up
-                    ms = measure(url, batch=batch, rounds=rounds, hooked=args.webhooks)
-                    shown = ", ".join(f"{name} {value:.3f} ms" for name, value in ms.items())
-                    print(f"{backend:10} batch {batch:3}: {shown}", flush=True)
-            finally:
-                drop()
+    for backend, server in (("sqlite", "sqlite://"), ("postgresql", args.postgres_url)):
+        with scratch_database(server) as url:
+            for batch, rounds in ((1, 400), (128, 60)):
+                measure(url, batch=batch, rounds=20, hooked=args.webhooks)  # warm up
+                ms = measure(url, batch=batch, rounds=rounds, hooked=args.webhooks)
+                shown = ", ".join(f"{name} {value:.3f} ms" for name, value in ms.items())
+                print(f"{backend:10} batch {batch:3}: {shown}", flush=True)
 
 
 if __name__ == "__main__":
