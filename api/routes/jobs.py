@@ -467,7 +467,9 @@ async def retry(
             job = jobs.retry(
                 session=session, job_id=job_id, tenant=caller.scope, cancel_after_s=deadline
             )
-            return job_out(job, with_outputs=False)
+            # Where it stands, as a submit's answer says: the queue it joins, in its transaction.
+            placed = standing.place(session=session, jobs=[job], recent=state.reader.recent)
+            return job_out(job, with_outputs=False, standing=placed.get(job.id))
 
     out = await run_in_threadpool(run)
     # After the commit, as a submit's: a failed publish leaves it queued for the sweeper.

@@ -143,6 +143,7 @@ async def test_retry_of_a_failed_or_canceled_job_queues_it_again_and_wakes_a_wor
     assert job["id"] == job_id and job["status"] == "queued"
     assert job["error"] is None and job["finished_at"] is None and job["outputs"] is None
     assert job["attempts"] == (1 if end == "failed" else 0)
+    assert job["queue_position"] == 0  # where it stands, as a submit's answer says
     assert [p.job_ids for p in publications[published:]] == [[job_id]]
     assert publications[-1].committed
     finish_job(sessions, job_id, OUTPUTS)
