@@ -190,6 +190,7 @@ class VersionView:
 class Overview:
     versions: list[VersionView]
     load_errors: list[ModelPresence]  # live children's failed loads, registered or not
+    live: list[ModelPresence]  # every live child's rows, as read for the above
 
 
 def overview(
@@ -231,4 +232,6 @@ def overview(
                 latest=latest[m.name] == m.version,
             )
         )
-    return Overview(versions=views, load_errors=[row for row in rows if row.state == failed])
+    return Overview(
+        versions=views, load_errors=[row for row in rows if row.state == failed], live=rows
+    )

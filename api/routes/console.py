@@ -99,7 +99,6 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
         backlog = _Backlog(console.unfinished(session=session))
         # The backlog is scanned once: its counts are the models' too.
         found = registry.overview(session=session, live_since=since, counts=backlog.per_version)
-        live = presence.live(session=session, since=since)
         minutes = console.minutes(session=session, now=now, count=MINUTES, known=cache.closed)
         failures = console.latest_failures(session=session, since=now - FAILURES_SINCE)
         known = tenants.list_tenants(session=session)
@@ -132,7 +131,7 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
             {"model": r.name, "version": r.version or None, "error": r.error or "", **_holder(r)}
             for r in found.load_errors
         ],
-        "devices": _devices(live),
+        "devices": _devices(found.live),
         "tenants": [
             {
                 "name": name,
