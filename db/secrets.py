@@ -1,5 +1,6 @@
 """Secrets the fleet's processes share through the database: the API and the workers reach it,
-nobody else does (DESIGN.md section 9). Made on first use; a migration makes the first ones."""
+nobody else does (docs/explanation/security-model.md). Made on first use; a migration makes the
+first ones."""
 
 from __future__ import annotations
 

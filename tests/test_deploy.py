@@ -32,7 +32,7 @@ DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"  # what `cp .env.example .env` gives docker compose
 
-# The gauges the API serves on /metrics for autoscaling (DESIGN.md section 10), per model (label
+# The gauges the API serves on /metrics for autoscaling (docs/how-to/scale-out.md), per model (label
 # `model`) and visible with zero workers. Named here as operators, Prometheus and KEDA see them on
 # the wire, which is what the ScaledObject's queries must match.
 BACKLOG_PER_CHILD = "tffleet_backlog_per_child"

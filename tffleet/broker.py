@@ -2,7 +2,7 @@
 
 What travels through Redis is a wake-up, never a job: a message names the task `run_batch`, a
 model version and job ids whose rows are already committed (JSON only). A message can be lost,
-repeated or late; the database, not the message, says what runs (DESIGN.md section 4).
+repeated or late; the database, not the message, says what runs (docs/explanation/guarantees.md).
 
     api (Ingestor) ──Publisher.publish──▶ queue `tffleet.<model>` ──▶ worker child: run_batch
     sweeper, worker child (hand-backs) ──Publisher.publish──┘

@@ -45,7 +45,8 @@ from tffleet.cli.process_group import free_port
 
 pytestmark = pytest.mark.slow
 
-# What an invalid submission may be answered with (DESIGN.md section 3): never 202, never 5xx.
+# What an invalid submission may be answered with (docs/how-to/http-api.md, Errors): never 202,
+# never 5xx.
 REJECTED = {400, 401, 413, 415, 422}
 
 # Bounded so that the file runs in well under two minutes.

@@ -3,9 +3,9 @@ sweeper host whose clocks are right (tests/e2e/hosts.py; libfaketime shifts the 
 realtime clock and leaves its monotonic clock alone, as on a real host; hosts.SLEEP_SHIM and
 `build_busy` below work around what libfaketime gets wrong).
 
-Time is the database's (DESIGN.md, section 10): leases, heartbeats and presence are written in
-the database's time, whatever the host's clock says. So with leases of 6 s, a sweep every second
-and a report every second, a skew of minutes would show at once:
+Time is the database's (docs/explanation/guarantees.md): leases, heartbeats and presence are
+written in the database's time, whatever the host's clock says. So with leases of 6 s, a sweep
+every second and a report every second, a skew of minutes would show at once:
 
 - slow: each lease would be born expired, and the sweeper would take every job back while it
   runs (attempts climb, results are fenced out, jobs end `worker_lost`); the host's presence
