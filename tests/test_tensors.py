@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tffleet import tensors
-from tffleet.tensors import DTYPES, TensorError, decode, encode, pack, unpack
+from tffleet.tensors import DTYPES, TensorError, decode, encode, npy, pack, unpack
 
 SAMPLE = [[1, 0, 3], [4, 5, 1]]
 
@@ -579,7 +579,7 @@ def test_read_npz_refuses_a_directory_too_long_before_zipfile_reads_it() -> None
     # zipfile reads every entry the end record's directory size covers, whatever its count says:
     # here 1, for a directory of tiny entries that would take zipfile seconds at 64 MiB.
     entry = b"PK\x01\x02" + bytes(24) + struct.pack("<H", 1) + bytes(16) + b"a"
-    directory = entry * (tensors._NPZ_MAX_DIRECTORY // len(entry) + 1)
+    directory = entry * (npy._NPZ_MAX_DIRECTORY // len(entry) + 1)
     end = b"PK\x05\x06" + struct.pack("<HHHHIIH", 0, 0, 1, 1, len(directory), 0, 0)
     with pytest.raises(TensorError, match=f"a zip directory of {len(directory)} bytes"):
         tensors.read_npz(directory + end)

@@ -1,0 +1,60 @@
+"""Tensors on the wire and at rest, with NumPy only (no TensorFlow): a module per form.
+
+    arrays.py   what the forms share: the dtypes (`DTYPES`, `STRING`), `TensorError`, string
+                arrays as TensorFlow holds them (object arrays of bytes)
+    wire.py     in a JSON body: nested lists, or a `{"b64", "dtype", "shape"}` envelope
+                (`decode`, `encode`)
+    npy.py      as a binary body: NumPy's .npy and .npz, read as views and written with one copy
+                (`read_npy`, `read_npz`, `write_npy`, `write_npz`, `from_array`)
+    packed.py   at rest: named tensors in one blob, a JSON header then the raw bytes (`pack`,
+                `unpack`)
+
+Callers take the names from here (`from tffleet import tensors`, `tensors.pack(...)`); the
+modules import one another, never this package.
+"""
+
+from tffleet.tensors.arrays import (
+    DTYPES,
+    STRING,
+    SUPPORTED_DTYPES,
+    TensorError,
+    as_bytes,
+    batch_size,
+    is_string,
+)
+from tffleet.tensors.npy import (
+    MAX_NPZ_MEMBERS,
+    NPY,
+    NPZ,
+    from_array,
+    npz_of_blob,
+    read_npy,
+    read_npz,
+    write_npy,
+    write_npz,
+)
+from tffleet.tensors.packed import pack, unpack
+from tffleet.tensors.wire import decode, encode
+
+__all__ = [
+    "DTYPES",
+    "MAX_NPZ_MEMBERS",
+    "NPY",
+    "NPZ",
+    "STRING",
+    "SUPPORTED_DTYPES",
+    "TensorError",
+    "as_bytes",
+    "batch_size",
+    "decode",
+    "encode",
+    "from_array",
+    "is_string",
+    "npz_of_blob",
+    "pack",
+    "read_npy",
+    "read_npz",
+    "unpack",
+    "write_npy",
+    "write_npz",
+]
