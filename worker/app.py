@@ -18,6 +18,7 @@ from celery.signals import (
 from tffleet.broker import make_celery
 from tffleet.settings import get_settings
 from worker import orphans
+from worker.drain import DRAIN
 from worker.orphans import OrphanWatcher
 
 celery_app = make_celery(get_settings(), include=["worker.tasks"])
@@ -40,18 +41,17 @@ def _stop_watching(**_: object) -> None:
 @worker_shutting_down.connect
 def _begin_drain(**_: object) -> None:
     # Sent in the main process by the handler of SIGTERM (warm), SIGINT or SIGQUIT (cold): every
-    # child, reading the shared flag, then claims nothing more (worker/batching.py `Drain`).
-    from worker.batching import DRAIN
-
+    # child, reading the shared flag, then claims nothing more (worker/drain.py).
     DRAIN.begin()
 
 
 @worker_process_init.connect
 def _init_child(**_: object) -> None:
     # Imported here: this runs in the forked child, which is where TensorFlow may be loaded.
+    # The child is handed the app (for its wake-ups) rather than importing this module back.
     from worker import child
 
-    child.init()
+    child.init(celery_app)
 
 
 @worker_process_shutdown.connect

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import billiard.process
-import redis
+from celery import Celery
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -25,12 +25,10 @@ from db import clock, jobs, presence
 from db import secrets as fleet_secrets
 from db.engine import make_engine, make_sessionmaker
 from db.models import PresenceState
-from tffleet import announcements
-from tffleet.announcements import EndedJob
 from tffleet.broker import Publisher
-from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.devices import Device, cpu_threads_per_child, parse_devices, pin_environment
 from tffleet.settings import get_settings
+from worker.announcer import Announcer
 from worker.batching import Batcher, BatchReport
 from worker.busy import BusyMeter
 from worker.model_set import ModelSet
@@ -134,7 +132,8 @@ def child_index() -> int:
     return int(getattr(billiard.process.current_process(), "index", 0) or 0)
 
 
-def init() -> None:
+def init(app: Celery) -> None:
+    """Make this process a worker child of `app` (worker/app.py, which calls it)."""
     global _child
     settings = get_settings()
     devices = parse_devices(settings.devices)
@@ -145,7 +144,6 @@ def init() -> None:
     os.environ.update(pin_environment(device, cpu_threads=threads))
 
     from worker import runtime  # the first TensorFlow import in this process
-    from worker.app import celery_app
 
     runtime.configure_threads(intra_op=threads)
     # Its main process finds a dead child's jobs by this prefix (worker/orphans.py).
@@ -154,19 +152,11 @@ def init() -> None:
     # one connection each.
     engine = make_engine(settings.database_url, pool_size=6)
     sessions = make_sessionmaker(engine)
-    notifier = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
     with sessions() as session:
         key = fleet_secrets.get(session=session, name=fleet_secrets.ANNOUNCEMENTS)
-
-    def notify(ended: Sequence[str | EndedJob]) -> None:
-        try:
-            notifier.publish(JOBS_DONE_CHANNEL, announcements.encode(list(ended), key=key))
-        except redis.RedisError:
-            log.warning(
-                "could not publish completion of %d jobs; pollers will see it late", len(ended)
-            )
-
-    publisher = Publisher(celery_app)
+    # Signed: the API may answer a long-poll from a job this child announces whole.
+    announce = Announcer.connect(settings.broker_url, key=key)
+    publisher = Publisher(app)
 
     def wake(model: str, version: int, job_ids: Sequence[str]) -> None:
         # A failed publish is logged by the publisher; the sweeper republishes the jobs later.
@@ -177,7 +167,7 @@ def init() -> None:
         sessions=sessions,
         owner=owner,
         lease_s=settings.lease_s,
-        notify=notify,
+        notify=announce,
         wake=wake,
         device=str(device),
         peers=Peers(sessions, child=owner, poll_s=settings.model_poll_s),
@@ -221,7 +211,7 @@ def shutdown() -> None:
     if _child.watcher is not None:
         _child.watcher.stop()
     try:
-        _child.model_set.withdraw()
+        _child.model_set.held.withdraw()
     except Exception as exc:  # the rows go stale and the sweeper deletes them
         log.warning("could not withdraw this child's models (%s)", exc)
     _child.engine.dispose()

@@ -17,8 +17,8 @@ include this child's device) it
 A version that fails to load is reported `failed` and tried again when its files change (a copy
 still in progress) or on `tffleet models reload`; each distinct error is logged once.
 
-What it holds is reported to the database (`db.presence`) on every change and, by `report()`,
-every poll; the worker/watcher.py threads call `refresh` and `report`.
+What it holds (`held`, worker/holdings.py) is reported to the database (`db.presence`) on every
+change and every poll; the worker/watcher.py threads call `refresh` and `held.report_quietly`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +39,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import jobs, presence, registry
 from db.clock import utcnow
 from db.models import PresenceState
-from worker.batching import BatchPolicy
 from worker.busy import BusyMeter
+from worker.holdings import Held, Holdings, Key, describe
+from worker.pipeline import BatchPolicy
 from worker.repository import ModelConfig, ModelSpec, scan
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, int]  # (model, version); version 0 stands for the model's own config
 # A version waits at least this long after it was retired before it is unloaded, however short
 # the poll: a submission resolved against an API's cached view still has to commit.
 DRAIN_GRACE_MIN_S = 5.0
@@ -62,20 +61,6 @@ class LoadedModel:
     policy: BatchPolicy
 
 
-@dataclass(frozen=True)
-class _Held:
-    """What this child has of one version, reported as a `presence.Holding`."""
-
-    state: PresenceState
-    path: Path
-    since: datetime
-    error: str | None = None
-    # A failed version's files when it failed: it is tried again once they change.
-    files: tuple[tuple[str, int, int], ...] | None = None
-    # time.monotonic() when it began to drain.
-    draining_since: float | None = None
-
-
 def _files(path: Path) -> tuple[tuple[str, int, int], ...]:
     """Name, size and modification time of every file under `path`: changes while a copy runs."""
     found = []
@@ -87,11 +72,6 @@ def _files(path: Path) -> tuple[tuple[str, int, int], ...]:
         except OSError:  # removed while we looked
             continue
     return tuple(found)
-
-
-def _describe(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:1000]
 
 
 def _chunks(ids: Sequence[str], size: int) -> Iterator[Sequence[str]]:
@@ -129,15 +109,12 @@ class ModelSet:
         self._clock = clock
         # The device's busy share per version, reported with each holding (the task thread adds).
         self.busy = busy or BusyMeter(clock=clock)
+        self.held = Holdings(child=child, sessions=sessions, busy=self.busy)
         self.models: dict[Key, LoadedModel] = {}
-        self._held: dict[Key, _Held] = {}
         # Held by the task thread while it runs a batch, and to unload a version: a version is
         # never closed under a running batch.
         self._in_use = threading.Lock()
-        # Guards `_held` and serializes reports (two at once would collide on PostgreSQL).
-        self._lock = threading.RLock()
         self._logged: dict[Key, str] = {}
-        self._changed = False  # since the last report
 
     # The task thread's side
 
@@ -149,61 +126,7 @@ class ModelSet:
 
     def failure(self, key: Key) -> str | None:
         """Why this child could not load the version, if it tried and failed."""
-        with self._lock:
-            held = self._held.get(key)
-        return held.error if held is not None and held.state == PresenceState.FAILED else None
-
-    # Reports
-
-    def holdings(self) -> list[presence.Holding]:
-        shares = self.busy.shares()
-        with self._lock:
-            return [
-                presence.Holding(
-                    name=name,
-                    version=version,
-                    state=held.state,
-                    path=str(held.path),
-                    since=held.since,
-                    error=held.error,
-                    busy=shares.get((name, version)) if shares else None,
-                )
-                for (name, version), held in sorted(self._held.items())
-            ]
-
-    def report(self, change: Callable[[Session], object] | None = None) -> None:
-        """Write what this child holds (after `change`, in the same transaction).
-
-        Raises SQLAlchemyError when the database fails.
-        """
-        with self._lock:
-            with self.sessions.begin() as session:
-                if change is not None:
-                    change(session)
-                presence.report(session=session, child=self.child, holdings=self.holdings())
-            self._changed = False
-
-    def withdraw(self) -> None:
-        with self._lock, self.sessions.begin() as session:
-            presence.withdraw(session=session, child_id=self.child.id)
-
-    def _set(self, key: Key, held: _Held | None) -> None:
-        with self._lock:
-            if held is None:
-                self._held.pop(key, None)
-            else:
-                self._held[key] = held
-            self._changed = True
-
-    def report_quietly(self, change: Callable[[Session], object] | None = None) -> None:
-        """`report`, logging a database failure: the next poll reports again."""
-        try:
-            self.report(change)
-        except SQLAlchemyError as exc:
-            log.warning(
-                "child %s could not report its models (%s); will retry",
-                self.child.device, _describe(exc),
-            )  # fmt: skip
+        return self.held.failure(key)
 
     # The repository's side
 
@@ -236,8 +159,8 @@ class ModelSet:
         self._retire(kept, unreadable)
         self._forget_failures(wanted, problems)
         self._unload_drained()
-        if self._changed:
-            self.report_quietly()
+        if self.held.changed:
+            self.held.report_quietly()
 
     def _note_problems(self, problems: dict[Path, str]) -> set[str]:
         """Record unreadable models and versions as failed; the names of unreadable models."""
@@ -255,9 +178,9 @@ class ModelSet:
         return unreadable
 
     def _fail(self, key: Key, path: Path, error: str, *, files: Any) -> None:
-        before = self._held.get(key)
+        before = self.held.get(key)
         since = before.since if before is not None and before.error == error else utcnow()
-        self._set(key, _Held(PresenceState.FAILED, path, since, error=error, files=files))
+        self.held.set(key, Held(PresenceState.FAILED, path, since, error=error, files=files))
         if self._logged.get(key) != error:
             self._logged[key] = error
             what = f"{key[0]}:{key[1]} from {path}" if key[1] else key[0]
@@ -265,17 +188,15 @@ class ModelSet:
 
     def _forget_failures(self, wanted: set[Key], problems: dict[Path, str]) -> None:
         """Drop the failures of versions that are fixed, gone, or no longer wanted here."""
-        with self._lock:
-            failed = [k for k, h in self._held.items() if h.state == PresenceState.FAILED]
-        for key in failed:
-            if self._held[key].path not in problems and key not in wanted:
-                self._set(key, None)
+        for key, held in self.held.in_state(PresenceState.FAILED).items():
+            if held.path not in problems and key not in wanted:
+                self.held.set(key, None)
                 self._logged.pop(key, None)
 
     def _load(self, spec: ModelSpec, *, retry: bool, wake: bool) -> None:
         key = (spec.name, spec.version)
         files = _files(spec.path)
-        before = self._held.get(key)
+        before = self.held.get(key)
         if (
             before is not None
             and before.state == PresenceState.FAILED
@@ -283,8 +204,8 @@ class ModelSet:
             and not retry
         ):
             return
-        self._set(key, _Held(PresenceState.LOADING, spec.path, utcnow()))
-        self.report_quietly()
+        self.held.set(key, Held(PresenceState.LOADING, spec.path, utcnow()))
+        self.held.report_quietly()
         started = time.perf_counter()
         try:
             runner = self._load_runtime(spec)
@@ -292,7 +213,7 @@ class ModelSet:
             warm_s = runner.warm_up(spec.config.bucket_sizes())
         except Exception as exc:
             log.debug("loading %s failed", spec.path, exc_info=True)
-            self._fail(key, spec.path, _describe(exc), files=files)
+            self._fail(key, spec.path, describe(exc), files=files)
             return
         policy = BatchPolicy(
             max_batch_size=spec.config.max_batch_size,
@@ -301,7 +222,7 @@ class ModelSet:
             timeout_s=spec.config.timeout_s,
         )
         self.models[key] = LoadedModel(spec=spec, runner=runner, policy=policy)
-        self._set(key, _Held(PresenceState.LOADED, spec.path, utcnow()))
+        self.held.set(key, Held(PresenceState.LOADED, spec.path, utcnow()))
 
         def register(session: Session) -> None:
             registry.register(
@@ -315,11 +236,11 @@ class ModelSet:
             )
 
         try:
-            self.report(register)
+            self.held.report(register)
         except SQLAlchemyError as exc:
             # Unregistered, it could take no job: give it up, and load it again next poll.
             self._unload(key)
-            self._fail(key, spec.path, f"could not register it: {_describe(exc)}", files=None)
+            self._fail(key, spec.path, f"could not register it: {describe(exc)}", files=None)
             return
         self._logged.pop(key, None)
         log.info(
@@ -338,7 +259,7 @@ class ModelSet:
                     session=session, model=key[0], version=key[1], limit=WAKE_LIMIT_JOBS
                 )
         except SQLAlchemyError as exc:
-            log.warning("could not look for queued %s:%s jobs (%s)", *key, _describe(exc))
+            log.warning("could not look for queued %s:%s jobs (%s)", *key, describe(exc))
             return
         for chunk in _chunks(ids, per_message):
             self._wake(key[0], key[1], chunk)
@@ -348,16 +269,17 @@ class ModelSet:
         dropped; take back draining ones that are served again."""
         retire: list[Key] = []
         reinstate: list[Key] = []
-        before: dict[Key, _Held] = {}
+        before: dict[Key, Held] = {}
         for key in list(self.models):
             name, version = key
-            held = before[key] = self._held[key]
+            held = before[key] = self.held[key]
             if name in unreadable:
                 continue  # a model.toml being edited: change nothing until it parses
             if version in kept.get(name, ()):
                 if held.state == PresenceState.DRAINING:
                     reinstate.append(key)
-                    self._set(key, replace(held, state=PresenceState.LOADED, draining_since=None))
+                    served = replace(held, state=PresenceState.LOADED, draining_since=None)
+                    self.held.set(key, served)
                 continue
             if held.state == PresenceState.DRAINING:
                 continue
@@ -365,7 +287,7 @@ class ModelSet:
             # that dropped it retires it for the whole fleet.
             if name in kept:
                 retire.append(key)
-            self._set(
+            self.held.set(
                 key,
                 replace(
                     held,
@@ -390,22 +312,19 @@ class ModelSet:
                 registry.reinstate(session=session, name=name, version=version)
 
         try:
-            self.report(change)
+            self.held.report(change)
         except SQLAlchemyError as exc:
-            log.warning("could not record retired versions (%s); next poll", _describe(exc))
+            log.warning("could not record retired versions (%s); next poll", describe(exc))
             for key, held in before.items():  # as it was, so the next poll does it all again
-                self._set(key, held)
+                self.held.set(key, held)
 
     def _unload_drained(self) -> None:
         now = self._clock()
-        with self._lock:
-            draining = [
-                key
-                for key, held in self._held.items()
-                if held.state == PresenceState.DRAINING
-                and held.draining_since is not None
-                and now - held.draining_since >= self.drain_grace_s
-            ]
+        draining = [
+            key
+            for key, held in self.held.in_state(PresenceState.DRAINING).items()
+            if held.draining_since is not None and now - held.draining_since >= self.drain_grace_s
+        ]
         for key in draining:
             # Under the task thread's lock: a batch that could still claim a job of it runs
             # first (then the check sees its jobs), or finds the version gone.
@@ -417,18 +336,18 @@ class ModelSet:
                         continue
                 loaded = self.models.pop(key)
             except SQLAlchemyError as exc:
-                log.warning("could not check whether %s:%s drained (%s)", *key, _describe(exc))
+                log.warning("could not check whether %s:%s drained (%s)", *key, describe(exc))
                 continue
             finally:
                 self._in_use.release()
-            self._set(key, None)
+            self.held.set(key, None)
             self._close(loaded)
             log.info("child %s unloaded %s:%s: drained", self.child.device, *key)
 
     def _unload(self, key: Key) -> None:
         with self._in_use:
             loaded = self.models.pop(key, None)
-        self._set(key, None)
+        self.held.set(key, None)
         if loaded is not None:
             self._close(loaded)
 

@@ -142,20 +142,16 @@ def start_in_this_process() -> OrphanWatcher | None:
     """Start watching the children of this (the Celery main) process, from the settings."""
     import socket
 
-    import orjson
-    import redis
-
     from db.engine import make_engine, make_sessionmaker
     from tffleet.broker import PUBLISH_SOCKET_TIMEOUT_S, Publisher, make_celery
-    from tffleet.constants import JOBS_DONE_CHANNEL
     from tffleet.settings import get_settings
+    from worker.announcer import Announcer
 
     settings = get_settings()
     engine = make_engine(settings.database_url, pool_size=1)
     # Children are forked from this process; a child must never close this process's connection.
     os.register_at_fork(after_in_child=lambda: engine.dispose(close=False))
     publisher = Publisher(make_celery(settings, socket_timeout_s=PUBLISH_SOCKET_TIMEOUT_S))
-    notifier = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
 
     def wake(model: str, version: int, job_ids: Sequence[str]) -> None:
         # A message each: a job that was running when its child died runs alone (it may be what
@@ -163,18 +159,12 @@ def start_in_this_process() -> OrphanWatcher | None:
         for job_id in job_ids:
             publisher.publish(model=model, version=version, job_ids=[job_id], retry=True)
 
-    def announce(job_ids: Sequence[str]) -> None:
-        # Bare ids: a long-poll takes them as a hint and reads the jobs from the database.
-        try:
-            notifier.publish(JOBS_DONE_CHANNEL, orjson.dumps(list(job_ids)))
-        except redis.RedisError as exc:
-            log.warning("could not announce %d ended jobs (%s)", len(job_ids), exc)
-
     watcher = OrphanWatcher(
         sessions=make_sessionmaker(engine),
         host=socket.gethostname(),
         max_attempts=settings.max_attempts,
         wake=wake,
-        announce=announce,
+        # Bare ids (this process holds no key): a long-poll reads the jobs from the database.
+        announce=Announcer.connect(settings.broker_url),
     )
     return watcher if watcher.start() else None

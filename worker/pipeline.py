@@ -48,6 +48,18 @@ class BatchPolicy:
         return samples
 
 
+@dataclass(frozen=True)
+class Task:
+    """What one Celery task runs: a model version, how, and what its jobs' `worker` says."""
+
+    model: str
+    version: int
+    runner: Runner
+    policy: BatchPolicy
+    # This child's lease owner, and the task running the jobs: in Flower, /task/<id> is its batch.
+    worker: str
+
+
 @dataclass
 class Group:
     """Jobs whose samples have the same shape: they run in one forward pass."""

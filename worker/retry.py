@@ -6,7 +6,7 @@ Every path by which a job runs again
    `INFRA_ERRORS`: the batcher hands its leases back (`db.jobs.release`, running -> queued) where
    the database still answers, and re-raises; Celery retries the task with exponential back-off
    (`TASK_RETRY`: 1, 2, 4 ... `TASK_BACKOFF_MAX_S` apart, jittered, for as long as it takes).
-   (worker/batching.py `Batcher._hand_back`, worker/tasks.py)
+   (worker/handoff.py `hand_back`, worker/tasks.py)
 2. The child died mid-batch (SIGKILL, out of memory, a crash in TensorFlow, or the pool's
    `task_time_limit`). Redis redelivers its message (`task_acks_late`,
    `task_reject_on_worker_lost`: tffleet/broker.py). Its worker's main process sees it go and
@@ -26,7 +26,7 @@ Every path by which a job runs again
 5. A batch ran past its time limit (`timeout_s` in model.toml, else `TFFLEET_JOB_TIMEOUT_S`). A
    lone job fails `timeout`; the jobs of a larger batch are handed back and each runs alone (4), so
    only the slow one fails. The child then ends itself, as the forward pass holds the device
-   (`Batcher._time_out`).
+   (worker/timeouts.py).
 6. A wake-up was lost. The submit's publish fails fast (`PUBLISH_RETRY_POLICY` in
    tffleet/broker.py: the job is durable already), or Redis lost the message: the sweeper
    publishes again every queued job whose last wake-up is older than `TFFLEET_REPUBLISH_AFTER_S`

@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-import orjson
 import redis
 from prometheus_client import Counter, Gauge
 from redis.exceptions import LockNotOwnedError
@@ -43,8 +42,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import cache, jobs, parts, presence
 from db import clock as db_clock
 from db.models import JobErrorCode
-from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
+from tffleet.constants import SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
+from worker.announcer import Announcer
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ class Sweeper:
         self._sessions = sessions
         self._publisher = publisher
         self._settings = settings
-        self._redis = redis_client
+        # Bare ids (the sweeper holds no key): wakes the API's long-polls on jobs that ended.
+        self._announce = Announcer(redis_client)
         self._clock = clock
         # Long enough to outlast a sweep; a crashed sweeper is replaced within this time.
         self.lock_timeout_s = max(30.0, 4 * settings.sweep_interval_s)
@@ -242,7 +243,7 @@ class Sweeper:
                 log.warning(
                     "%d jobs failed as worker_lost: %s", len(expired.failed), expired.failed
                 )
-                self._notify_done(expired.failed)
+                self._announce(expired.failed)
             # Committed first: if this publish is lost, the jobs are stale and step 2 finds them.
             self._publish(expired.requeued, report, retry=True)
             if expired.count < CHUNK_JOBS:
@@ -259,7 +260,7 @@ class Sweeper:
             SWEPT.labels(JobErrorCode.DEADLINE.value).inc(len(canceled))
             if canceled:
                 log.info("%d jobs canceled past their deadline: %s", len(canceled), canceled)
-                self._notify_done(canceled)
+                self._announce(canceled)
             if len(canceled) < CHUNK_JOBS:
                 return
 
@@ -270,7 +271,7 @@ class Sweeper:
             ended = parts.settle(session=session, parent_ids=parts.stranded(session=session))
         if ended:
             log.warning("%d split jobs ended with a failed part: %s", len(ended), ended)
-            self._notify_done(ended)
+            self._announce(ended)
 
     def _republish_stale(self, report: SweepReport) -> None:
         for _ in range(MAX_CHUNKS):
@@ -353,12 +354,3 @@ class Sweeper:
             report.republished += len(published)
             SWEPT.labels("republished").inc(len(published))
         return ok
-
-    def _notify_done(self, job_ids: list[str]) -> None:
-        """Wake the API's long-polls waiting on jobs that just ended."""
-        try:
-            self._redis.publish(JOBS_DONE_CHANNEL, orjson.dumps(job_ids))
-        except redis.RedisError as exc:
-            log.warning(
-                "could not announce %d ended jobs (%s); polls see it late", len(job_ids), exc
-            )

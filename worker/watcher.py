@@ -42,7 +42,7 @@ class Watcher:
 
     def _report(self) -> None:
         while not self._stop.wait(self.model_set.poll_s):
-            self.model_set.report_quietly()
+            self.model_set.held.report_quietly()
 
     def _rescan(self) -> None:
         poll_s = self.model_set.poll_s

@@ -1,0 +1,217 @@
+"""The feeder's stage of a child's pipeline: claim and decode the next batch while the device
+runs the one before.
+
+A batch takes what the database says runs next (the waiting tenants in turn, then priority, then
+age), topped up while the queue is busy; a job larger than a batch is split into parts for the
+other children serving its model (db/parts.py). Every lease it claims is kept alive by the
+child's heartbeat from the claim on. A database error hands the leases claimed back and raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import jobs, parts
+from db.jobs import Lease
+from worker import handoff, metrics, pipeline
+from worker.announcer import Notify
+from worker.handoff import Wake
+from worker.heartbeat import Heartbeat
+from worker.pipeline import Decoded, Task
+from worker.retry import INFRA_ERRORS
+
+log = logging.getLogger(__name__)
+
+_TOP_UP_POLL_S = 0.0005
+
+
+@dataclass
+class Next:
+    """What the feeder found for the device: the next batch, and what remains of the message."""
+
+    batch: Decoded | None  # claimed and decoded; None: nothing more for this task to run
+    fresh: list[str]  # the message's named jobs still queued and never claimed
+    retried: list[str]  # ... and those claimed before (they run alone, last)
+    # No claim was tried: the named jobs left the queue and it is not busy, or the task is out
+    # of batches or time.
+    stopped: bool = False
+    draining: bool = False  # the worker is shutting down: nothing was claimed
+
+
+@dataclass
+class Feeder:
+    """Claims the batches of one task (`named`: the jobs its message names), one at a time."""
+
+    task: Task
+    named: Sequence[str]
+    sessions: sessionmaker[Session]
+    owner: str
+    lease_s: float
+    heartbeat: Heartbeat
+    notify: Notify
+    wake: Wake
+    peers: Callable[[str, int], int]
+    draining: Callable[[], bool]
+    # Whether the last batch found other jobs waiting: only then is waiting for more worth it.
+    queue_busy: bool = False
+
+    def next(self, *, after: Sequence[str] | None, claim: bool) -> Next:
+        """Claim and decode the task's next batch while the jobs the message named wait, or
+        while the queue is busy (`after`: the ids of the batch on the device; None before the
+        first). Under a steady stream of small jobs, whose messages each name one, a task then
+        runs batches back to back, the pipeline full, instead of one batch and a Celery task's
+        turnover per message."""
+        fresh: list[str] = list(self.named)
+        retried: list[str] = []
+        if after is not None:
+            if set(after) >= set(self.named):
+                fresh = []
+            else:
+                with self.sessions() as session:
+                    fresh, retried = jobs.still_queued(session=session, job_ids=self.named)
+            if not claim or not (fresh or self.queue_busy):
+                return Next(batch=None, fresh=fresh, retried=retried, stopped=True)
+        if self.draining():
+            return Next(batch=None, fresh=fresh, retried=retried, draining=True)
+        batch = self._claim_batch()
+        if batch is None and after is None:
+            with self.sessions() as session:
+                fresh, retried = jobs.still_queued(session=session, job_ids=self.named)
+        return Next(batch=batch, fresh=fresh, retried=retried)
+
+    def claim_retried(self, retried: Sequence[str]) -> tuple[Lease | None, list[str]]:
+        """Claim the first of the named jobs claimed before that may run again (it runs alone),
+        and the ids this claim canceled instead, past their deadline (announced)."""
+        canceled: list[str] = []
+        with self.sessions.begin() as session:
+            lease = jobs.claim_retried(
+                session=session,
+                job_ids=retried,
+                owner=self.owner,
+                lease_s=self.lease_s,
+                worker=self.task.worker,
+                canceled=canceled,
+            )
+        self._announce_canceled(canceled)
+        return lease, canceled
+
+    def hold(self, leases: list[Lease]) -> Decoded:
+        """Keep claimed leases alive from now until their batch is written, and decode them."""
+        self.heartbeat.keep(leases)
+        _observe_claim(self.task.model, leases)
+        return pipeline.decode(leases, runner=self.task.runner)
+
+    def _claim_batch(self) -> Decoded | None:
+        leases: list[Lease] = []
+        try:
+            self._claim(leases)
+            if self._split(leases):
+                self._claim(leases)
+        except INFRA_ERRORS:
+            handoff.hand_back(
+                leases, task=self.task, sessions=self.sessions, heartbeat=self.heartbeat,
+                wake=self.wake,
+            )  # fmt: skip
+            raise
+        if not leases:
+            return None
+        return self.hold(leases)
+
+    def _split(self, leases: list[Lease]) -> bool:
+        """Split a job larger than a batch into parts that idle children run beside this one,
+        and wake them; `leases` is emptied, for this child to claim the first part. A job is
+        split only while other children serve its model and nothing else of it is queued:
+        otherwise they have work of their own, and the split would only cost a copy."""
+        task = self.task
+        size = task.policy.max_batch_size
+        if len(leases) != 1 or leases[0].samples <= size:
+            return False
+        peers = self.peers(task.model, task.version)
+        if peers <= 0:
+            return False
+        with self.sessions() as session:
+            if jobs.some_queued(session=session, model=task.model, version=task.version, limit=1):
+                return False
+        (lease,) = leases
+        with self.sessions.begin() as session:
+            ids = parts.split(
+                session=session, lease=lease, model=task.model, version=task.version,
+                part_samples=size,
+            )  # fmt: skip
+        leases.clear()
+        log.info(
+            "split job %s (%d samples) into %d parts for %d more children",
+            lease.job_id, lease.samples, len(ids), peers,
+        )  # fmt: skip
+        # A message for each other child (this one claims next); each names a share of parts.
+        messages = min(peers, len(ids))
+        for first in range(messages):
+            self.wake(task.model, task.version, ids[first::messages])
+        return True
+
+    def _claim(self, leases: list[Lease]) -> None:
+        """Claim into `leases` a batch of queued jobs of this model version never claimed before.
+
+        While the queue is busy (the last top-up found jobs) it waits up to max_queue_delay_ms for
+        more to arrive; at idle a lone job runs at once instead of waiting for company.
+        `leases` holds what was claimed even when a later statement raises.
+        """
+        policy = self.task.policy
+        deadline = time.monotonic() + policy.max_queue_delay_ms / 1000
+        topped_up = False
+        claimed = self._top_up(leases)
+        # The first job is the one the wake-up was for; any more were waiting beside it.
+        leases.extend(claimed[:1])
+        more = claimed[1:]
+        while more or (self.queue_busy and leases and time.monotonic() < deadline):
+            topped_up = topped_up or bool(more)
+            leases.extend(more)
+            if policy.max_batch_size - sum(lease.samples for lease in leases) <= 0:
+                break
+            if not more:
+                time.sleep(_TOP_UP_POLL_S)
+            more = self._top_up(leases)
+        self.queue_busy = topped_up
+
+    def _top_up(self, leases: Sequence[Lease]) -> list[Lease]:
+        """Claim more jobs, in a transaction of its own; announce those it canceled instead
+        (past their deadline) once it commits, as the sweeper announces its deadline cancels."""
+        room = self.task.policy.max_batch_size - sum(lease.samples for lease in leases)
+        if room <= 0:
+            return []
+        canceled: list[str] = []
+        with self.sessions.begin() as session:
+            claimed = jobs.claim_next_fresh(
+                session=session,
+                model=self.task.model,
+                version=self.task.version,
+                owner=self.owner,
+                lease_s=self.lease_s,
+                max_samples=room,
+                take_oversized=not leases,
+                worker=self.task.worker,
+                canceled=canceled,
+            )
+        self._announce_canceled(canceled)
+        return claimed
+
+    def _announce_canceled(self, canceled: Sequence[str]) -> None:
+        """Jobs a committed claim canceled for their deadline: their long-polls and event
+        streams hear of it now, not at their next re-read."""
+        if canceled:
+            self.notify(list(canceled))
+
+
+def _observe_claim(model: str, leases: Sequence[Lease]) -> None:
+    metrics.BATCH_JOBS.labels(model).observe(len(leases))
+    metrics.BATCH_SAMPLES.labels(model).observe(sum(lease.samples for lease in leases))
+    for lease in leases:  # both times are the database's
+        if lease.created_at is not None and lease.started_at is not None:
+            metrics.QUEUE_WAIT_SECONDS.labels(model).observe(
+                (lease.started_at - lease.created_at).total_seconds()
+            )

@@ -1,0 +1,93 @@
+"""What a child hands to the other children serving a model: a share of a message's named jobs,
+the named jobs it leaves when its task runs out of batches or time, a wake-up for a backlog it
+leaves behind, and the jobs it hands back after a database fault.
+
+Each goes out as a wake-up message (`Wake`), published once the jobs are queued in the database.
+A message is a hint that work waits, never an assignment: the child that takes it claims what
+the database says runs next (worker/batching.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import jobs
+from db.jobs import Lease
+from worker.heartbeat import Heartbeat
+from worker.pipeline import Task
+
+log = logging.getLogger(__name__)
+
+# Publishes a wake-up for jobs of a model version: (model, version, job ids).
+Wake = Callable[[str, int, Sequence[str]], object]
+
+
+def share(
+    named: list[str], *, task: Task, peers: Callable[[str, int], int], wake: Wake
+) -> list[str]:
+    """A message naming more jobs than one batch holds is shared at once with the other
+    children serving the model (`peers`: how many): each gets a message naming a share, this
+    task keeps one, returned. Otherwise a fast model's bulk request runs whole on the child that
+    took its message, batch after batch within the task's budget, while the others idle."""
+    batches = -(-len(named) // task.policy.max_batch_size)
+    if batches < 2:
+        return named
+    shares = min(peers(task.model, task.version), batches - 1) + 1
+    for first in range(1, shares):
+        wake(task.model, task.version, named[first::shares])
+    return named[::shares]
+
+
+def pass_on(fresh: Sequence[str], *, task: Task, wake: Wake) -> None:
+    """Publish again the named jobs still queued that this task will not run."""
+    if len(fresh) <= task.policy.max_batch_size:
+        wake(task.model, task.version, fresh)
+        return
+    # Two messages: another child takes half. Each split halves what a message names, so a
+    # request of n jobs makes at most 2n / max_batch_size messages in all.
+    half = len(fresh) // 2
+    wake(task.model, task.version, fresh[:half])
+    wake(task.model, task.version, fresh[half:])
+
+
+def keep_awake(*, task: Task, sessions: sessionmaker[Session], wake: Wake) -> None:
+    """A task whose named jobs went to other children while more wait publishes a wake-up for
+    those: a child never idles beside a backlog for want of a message."""
+    # One message out for the one this task consumed: the count of messages never grows.
+    with sessions() as session:
+        waiting = jobs.some_queued(
+            session=session, model=task.model, version=task.version,
+            limit=task.policy.max_batch_size,
+        )  # fmt: skip
+    if waiting:
+        wake(task.model, task.version, waiting)
+
+
+def hand_back(
+    leases: Sequence[Lease],
+    *,
+    task: Task,
+    sessions: sessionmaker[Session],
+    heartbeat: Heartbeat,
+    wake: Wake,
+) -> None:
+    """Return held jobs to the queue after an infrastructure fault, if the database answers;
+    if not, their leases expire and the sweeper requeues them."""
+    if not leases:
+        return
+    heartbeat.drop(leases)  # kept alive no more, whether or not the release commits
+    try:
+        with sessions.begin() as session:
+            released = jobs.release(session=session, leases=leases)
+    except Exception as exc:
+        log.warning(
+            "could not hand back %d %s jobs (%s: %s); the sweeper requeues them once their "
+            "leases expire",
+            len(leases), task.model, type(exc).__name__, exc,
+        )  # fmt: skip
+        return
+    log.warning("handed back %d %s jobs after a database error", released, task.model)
+    wake(task.model, task.version, [lease.job_id for lease in leases])

@@ -1,0 +1,130 @@
+"""The writer's stage of a child's pipeline: encode a batch's outputs, write them under their
+leases in one transaction, and announce the jobs that ended.
+
+A database error hands the batch's leases back and raises, for the task to retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from db import clock, jobs, parts
+from db.jobs import Lease
+from db.models import JobErrorCode
+from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
+from worker import handoff, metrics, pipeline
+from worker.announcer import Notify
+from worker.handoff import Wake
+from worker.heartbeat import Heartbeat
+from worker.pipeline import Ran, Task
+from worker.retry import INFRA_ERRORS
+
+
+@dataclass
+class BatchReport:
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    samples: int = 0
+    written: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+    def add(self, other: BatchReport) -> None:
+        for name, value in other.as_dict().items():
+            setattr(self, name, getattr(self, name) + value)
+
+
+@dataclass
+class Writer:
+    """Writes the batches of one task. `submit` hands a batch to the writer's thread, one at a
+    time, in order: a failed write's error reaches the task's thread at the next `submit` or at
+    `wait`. `report` sums the batches written through them."""
+
+    task: Task
+    sessions: sessionmaker[Session]
+    heartbeat: Heartbeat
+    notify: Notify
+    wake: Wake
+    thread: ThreadPoolExecutor
+    report: BatchReport = field(default_factory=BatchReport)
+    _pending: Future[BatchReport] | None = field(default=None, init=False, repr=False)
+
+    def submit(self, ran: Ran) -> None:
+        self.wait()
+        self._pending = self.thread.submit(self.write, ran)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.report.add(pending.result())
+
+    def write(self, ran: Ran) -> BatchReport:
+        """Encode, write in one transaction, announce."""
+        model, version, leases = self.task.model, self.task.version, ran.leases
+        report = BatchReport(claimed=len(leases), samples=sum(lease.samples for lease in leases))
+        outcomes = pipeline.encode(ran)
+        succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
+        failed = [(lease, out) for lease, out in outcomes if isinstance(out, str)]
+        try:
+            with self.sessions.begin() as session:
+                finished_at = clock.now(session)
+                report.written = jobs.complete(session=session, results=succeeded, now=finished_at)
+                whole = report.written == len(succeeded)
+                for lease, message in failed:
+                    report.written += jobs.fail(
+                        session=session,
+                        leases=[lease],
+                        code=JobErrorCode.MODEL_ERROR,
+                        message=message,
+                    )
+                # Split jobs whose last part this was end now, in the same transaction.
+                joined = parts.settle(session=session, parent_ids=parents(leases))
+        except INFRA_ERRORS:
+            handoff.hand_back(
+                leases, task=self.task, sessions=self.sessions, heartbeat=self.heartbeat,
+                wake=self.wake,
+            )  # fmt: skip
+            raise
+        self.heartbeat.drop(leases)
+        report.succeeded, report.failed = len(succeeded), len(failed)
+        metrics.JOBS_FINISHED.labels(model, "succeeded").inc(report.succeeded)
+        metrics.JOBS_FINISHED.labels(model, "failed").inc(report.failed)
+        # A job is announced whole only when every result was written: a fenced-out one (its
+        # lease lost) is not this worker's to describe.
+        results = {lease.job_id: out for lease, out in succeeded} if whole else {}
+        ended: list[str | EndedJob] = []
+        budget = MAX_INLINE_OUTPUTS_BYTES
+        for lease in leases:
+            outputs = results.get(lease.job_id)
+            if outputs is None or len(outputs) > budget:
+                ended.append(lease.job_id)
+                continue
+            budget -= len(outputs)
+            ended.append(
+                EndedJob(
+                    id=lease.job_id,
+                    model=model,
+                    version=version,
+                    priority=lease.priority,
+                    created_at=lease.created_at,
+                    started_at=lease.started_at,
+                    finished_at=finished_at,
+                    attempts=lease.attempt,
+                    worker=self.task.worker or lease.owner,
+                    outputs=outputs,
+                    deadline_at=lease.deadline_at,
+                )
+            )
+        self.notify([*ended, *joined])
+        return report
+
+
+def parents(leases: Sequence[Lease]) -> set[str]:
+    """The split jobs these leases hold parts of."""
+    return {lease.parent_id for lease in leases if lease.parent_id is not None}
