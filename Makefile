@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck check clean
+.PHONY: run test lint typecheck check clean docs docs-build
 
 $(BIN)/tffleet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,5 +30,13 @@ typecheck: $(BIN)/tffleet
 
 check: lint typecheck test
 
+# The documentation site (mkdocs.yml): served with live reload on 127.0.0.1:8001 (the API has
+# 8000), or built into site/ as CI builds it, --strict (a broken link or anchor fails it).
+docs: $(BIN)/tffleet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+docs-build: $(BIN)/tffleet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .tffleet .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tffleet .pytest_cache .mypy_cache .ruff_cache site

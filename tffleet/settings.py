@@ -13,14 +13,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TFFLEET_", extra="ignore")
 
+    # The database, the truth of every job (a SQLAlchemy URL: SQLite or PostgreSQL).
     database_url: str = "sqlite:///tffleet.db"
+    # The Redis that carries wake-ups (Celery's broker), news of ended jobs and the sweeper's lock.
     broker_url: str = "redis://127.0.0.1:6379/0"
+    # The models on disk, a folder per version: MODELS/NAME/VERSION.
     model_repository: Path = Path("models")
 
     # "cpu:N" (N CPU slots), "all" (every visible GPU, or one CPU slot without a GPU),
     # or GPU indices such as "0,1,3". One Celery child process per device.
     devices: str = "all"
 
+    # Where `tffleet api` listens (its --host and --port set them).
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     # Every route but /healthz and /readyz takes `Authorization: Bearer <key>` (`tffleet keys`).
@@ -29,6 +33,7 @@ class Settings(BaseSettings):
     auth: bool = True
     # /metrics without a key, for a scraper on a private network; else it takes an admin key.
     metrics_public: bool = False
+    # The largest request body the API reads; past it the answer is 413.
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     # Long-polls one API process holds at once; past it a `wait` is answered at once, as a poll.
     max_long_polls: int = Field(default=10_000, ge=0)
