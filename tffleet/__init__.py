@@ -1,9 +1,10 @@
 """tffleet: asynchronous inference jobs on TensorFlow models, run by a fleet of Celery workers.
 
-The client is here: `tffleet.Client`, `tffleet.AsyncClient`, `tffleet.Job` and the client's
-errors (root `tffleet.ClientError`), from `tffleet/client/`. They are imported on first use, so
-`import tffleet` (which every process of the fleet does) stays cheap: no httpx, NumPy or
-TensorFlow.
+The client is here: `tffleet.Client`, `tffleet.AsyncClient`, `tffleet.Job` and the errors it
+raises (root `tffleet.ClientError`, the one tree of `tffleet.errors`), from `tffleet/client/`.
+They are imported on first use, so `import tffleet` (which every process of the fleet does)
+stays cheap: no httpx, NumPy or TensorFlow. No client module imports this package's `__init__`
+(they take `__version__` from `tffleet.version`), so the lazy import closes no circle.
 
 The package has three parts: the kernel that the API, the worker and the client share (this
 folder's modules: settings, errors, tensors, the broker contract, ...), the client SDK
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from tffleet.version import __version__
 
 __all__ = [
     "AsyncClient",
@@ -25,7 +26,9 @@ __all__ = [
     "Conflict",
     "ConnectError",
     "Forbidden",
+    "Gone",
     "HTTPStatusError",
+    "InputsGone",
     "InvalidInput",
     "Job",
     "JobCanceled",
@@ -55,7 +58,9 @@ if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers
         Conflict,
         ConnectError,
         Forbidden,
+        Gone,
         HTTPStatusError,
+        InputsGone,
         InvalidInput,
         Job,
         JobCanceled,

@@ -25,7 +25,6 @@ from tffleet import (
     AsyncClient,
     Client,
     ClientError,
-    Conflict,
     ConnectError,
     HTTPStatusError,
     InvalidInput,
@@ -37,6 +36,7 @@ from tffleet import (
     ServiceUnavailable,
     TransportError,
     WaitTimeout,
+    errors,
     tensors,
 )
 from tffleet.client import errors as client_errors
@@ -188,21 +188,35 @@ def test_a_refused_chunk_counts_jobs_from_the_first_and_lists_the_ones_stored(
 
 
 @pytest.mark.parametrize(
-    ("status", "cls", "code"),
+    ("status", "code", "cls"),
     [
-        (400, client_errors.BadRequest, "malformed_request"),
-        (404, NotFound, "job_not_found"),
-        (409, Conflict, "job_finished"),
-        (413, client_errors.PayloadTooLarge, "payload_too_large"),
-        (415, client_errors.UnsupportedMediaType, "unsupported_media_type"),
-        (422, InvalidInput, "invalid_input"),
-        (429, client_errors.TooManyRequests, "queue_full"),
-        (503, ServiceUnavailable, "unavailable"),
-        (500, HTTPStatusError, "internal"),
+        (400, "malformed_request", errors.InvalidRequest),
+        (401, "unauthorized", errors.Unauthorized),
+        (403, "forbidden", errors.Forbidden),
+        (404, "job_not_found", errors.JobNotFound),
+        (404, "model_not_found", errors.ModelNotFound),
+        (409, "job_finished", errors.JobAlreadyFinished),
+        (409, "not_retryable", errors.JobNotRetryable),
+        (410, "inputs_gone", errors.InputsGone),
+        (413, "payload_too_large", errors.PayloadTooLarge),
+        (415, "unsupported_media_type", errors.UnsupportedMediaType),
+        (422, "invalid_input", errors.InvalidInput),
+        (429, "queue_full", errors.QueueFull),
+        (429, "quota_exceeded", errors.QuotaExceeded),
+        (503, "unavailable", errors.ServiceUnavailable),
+        # A code this client does not know (one the API added since): the class of its status.
+        (400, "bad_cursor", errors.BadRequest),
+        (404, "tenant_not_found", errors.NotFound),
+        (410, "purged", errors.Gone),
+        (429, "rate_limited", errors.TooManyRequests),
+        # A code of another status is not believed: the status decides.
+        (404, "queue_full", errors.NotFound),
+        # A status the API never answers with: a plain HTTPStatusError.
+        (500, "internal", HTTPStatusError),
     ],
 )
-def test_an_error_answer_raises_the_class_of_its_status_with_code_and_message(
-    status: int, cls: type[HTTPStatusError], code: str
+def test_an_error_answer_raises_the_class_of_its_status_and_code_with_what_was_sent(
+    status: int, code: str, cls: type[HTTPStatusError]
 ) -> None:
     server = Recorder(lambda _: error_response(status, code, "it is wrong here"))
     with server.client(retries=Retries(attempts=0)) as client, pytest.raises(cls) as caught:
@@ -211,6 +225,7 @@ def test_an_error_answer_raises_the_class_of_its_status_with_code_and_message(
     assert type(error) is cls and isinstance(error, ClientError)
     assert (error.status_code, error.code, error.message) == (status, code, "it is wrong here")
     assert str(error) == f"{status} {code}: it is wrong here"
+    assert error.response is not None and error.response.status_code == status
 
 
 def test_an_error_page_that_is_not_json_still_raises_with_its_status() -> None:

@@ -3,10 +3,11 @@
     sync.py      Client: blocking calls over httpx
     aio.py       AsyncClient: the same calls for asyncio
     plans.py     what each call does, as sans-IO plans both clients drive
+    bulk.py      submit_many's plan: jobs in chunked bulk requests, each stored all or none
     protocol.py  one HTTP exchange: requests, retries (`Retries`), responses to errors
     events.py    following a job's event stream (`Client.events`), reconnecting where it drops
     job.py       Job, ModelInfo, TensorSpec: what the API answers, with tensors as NumPy
-    errors.py    the client's exceptions, under ClientError
+    errors.py    the errors it raises: the one tree of tffleet.errors, and the client's own
 
 Everything here talks HTTP to the API; nothing imports the services (`api/`, `worker/`, `db/`).
 """
@@ -18,7 +19,9 @@ from tffleet.client.errors import (
     Conflict,
     ConnectError,
     Forbidden,
+    Gone,
     HTTPStatusError,
+    InputsGone,
     InvalidInput,
     JobCanceled,
     JobFailed,
@@ -44,7 +47,9 @@ __all__ = [
     "Conflict",
     "ConnectError",
     "Forbidden",
+    "Gone",
     "HTTPStatusError",
+    "InputsGone",
     "InvalidInput",
     "Job",
     "JobCanceled",

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tffleet.client import plans
+from tffleet.client import bulk, plans
 from tffleet.client.events import Follow
 from tffleet.client.job import Job, ModelInfo
 from tffleet.client.protocol import Call, Plan, Retries, build_request, connection
@@ -95,7 +95,7 @@ class AsyncClient:
         webhook_events: Sequence[str] | None = None,
     ) -> list[Job]:
         return await self._drive(
-            plans.submit_many(
+            bulk.submit_many(
                 model,
                 inputs_list,
                 version=version,

@@ -1,18 +1,17 @@
 """The client's operations as plans (see `tffleet.client.protocol`), shared by both clients.
 
-Submit (one, or many in chunked bulk requests), read, long-poll one job or many, cancel, retry,
-delete, list the models. A plan yields `Call`s and `Sleep`s and returns what the client method
-returns.
+Submit one job, read, long-poll one job or many, cancel, retry, delete, list the models; and
+what every submit sends (a job's body, its headers). A plan yields `Call`s and `Sleep`s and
+returns what the client method returns. A bulk submission is `tffleet.client.bulk`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
@@ -21,8 +20,6 @@ import orjson
 from tqdm import tqdm
 
 from tffleet.client.errors import (
-    ClientError,
-    HTTPStatusError,
     ProtocolError,
     UnsupportedMediaType,
     WaitTimeout,
@@ -31,14 +28,9 @@ from tffleet.client.job import Job, ModelInfo, binary_inputs, encode_inputs
 from tffleet.client.protocol import ACCEPT_NPZ, Call, Plan, Retries, Sleep, send
 
 MAX_POLL_S = 30.0  # the longest `wait` the API holds a request for
-MAX_JOBS_PER_REQUEST = 10_000  # the API's limit on a bulk submit or a bulk status read
 IDS_PER_STATUS_READ = 1_000
 MIN_ROUND_S = 0.05  # between polling rounds that found jobs unfinished: completions batch up
 AUTO_PROGRESS_MIN_JOBS = 100
-
-# A bulk submit's error names the job by its index in the request, "jobs[3].priority: ..." or
-# "jobs[3]: inputs.x: ..." (one part per error, "; " between); "jobs.3" is an older spelling.
-_JOB_INDEX = re.compile(r"(^|; )jobs(\[|\.)(\d+)")
 
 
 def job_body(model: str, inputs: Any, *, version: int | None, priority: int) -> dict[str, Any]:
@@ -68,14 +60,14 @@ def cancel_after_headers(cancel_after: CancelAfter) -> dict[str, str]:
     return {"Cancel-After": f"{cancel_after:.6f}".rstrip("0").rstrip(".")}
 
 
-def _with_headers(headers: dict[str, str]) -> Callable[[Call], Call]:
+def with_headers(headers: dict[str, str]) -> Callable[[Call], Call]:
     def extend(call: Call) -> Call:
         return dataclasses.replace(call, headers={**(call.headers or {}), **headers})
 
     return extend
 
 
-def _dumps(value: Any) -> bytes:
+def dumps(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -83,7 +75,7 @@ def new_idempotency_key() -> str:
     return uuid.uuid4().hex
 
 
-def _submit_call(body: bytes, idempotency_key: str) -> Call:
+def submit_call(body: bytes, idempotency_key: str) -> Call:
     return Call("POST", "/v1/jobs", content=body, headers={"Idempotency-Key": idempotency_key})
 
 
@@ -119,8 +111,8 @@ def _submit_one(
             return (yield from send(extend(call), retries))
         except UnsupportedMediaType:
             pass
-    body = _dumps({**job_body(model, inputs, version=version, priority=priority), **fields})
-    return (yield from send(extend(_submit_call(body, idempotency_key)), retries))
+    body = dumps({**job_body(model, inputs, version=version, priority=priority), **fields})
+    return (yield from send(extend(submit_call(body, idempotency_key)), retries))
 
 
 def webhook_fields(webhook: str | None, webhook_events: Sequence[str] | None) -> dict[str, Any]:
@@ -152,88 +144,10 @@ def submit(
         priority=priority,
         idempotency_key=idempotency_key or new_idempotency_key(),
         retries=retries,
-        extend=_with_headers(cancel_after_headers(cancel_after)),
+        extend=with_headers(cancel_after_headers(cancel_after)),
         fields=webhook_fields(webhook, webhook_events),
     )
     return Job.from_wire(answer)
-
-
-def submit_many(
-    model: str,
-    inputs_list: Iterable[Any],
-    *,
-    version: int | None,
-    priority: int,
-    chunk_size: int,
-    chunk_bytes: int,
-    idempotency_key: str | None,
-    progress: bool | None,
-    retries: Retries,
-    cancel_after: CancelAfter = None,
-    webhook: str | None = None,
-    webhook_events: Sequence[str] | None = None,
-) -> Plan[list[Job]]:
-    """One bulk request per `chunk_size` jobs or `chunk_bytes` of body, in order.
-
-    Each request is stored all or none. If one is refused, the jobs of the earlier ones stay
-    submitted: the error's `.submitted` lists them, and its message counts jobs from the first.
-    With an `idempotency_key`, request n carries "KEY.n": the same call again (same inputs and
-    chunking) gets the jobs stored before instead of new ones. `webhook` and `webhook_events`
-    go with every job.
-    """
-    if not 1 <= chunk_size <= MAX_JOBS_PER_REQUEST:
-        raise ValueError(f"chunk_size must be 1 to {MAX_JOBS_PER_REQUEST}, got {chunk_size}")
-    fields = webhook_fields(webhook, webhook_events)
-    bodies = (
-        _dumps({**job_body(model, inputs, version=version, priority=priority), **fields})
-        for inputs in inputs_list
-    )
-    total = len(inputs_list) if isinstance(inputs_list, Sized) else None
-    extend = _with_headers(cancel_after_headers(cancel_after))
-    submitted: list[Job] = []
-    with progress_bar(progress, total, "submit") as bar:
-        for n, chunk in enumerate(_chunked_bodies(bodies, chunk_size, chunk_bytes)):
-            key = f"{idempotency_key}.{n}" if idempotency_key else new_idempotency_key()
-            call = extend(_submit_call(b'{"jobs":[' + b",".join(chunk) + b"]}", key))
-            try:
-                data = yield from send(call, retries)
-                jobs = [Job.from_wire(job) for job in data["jobs"]]
-            except ClientError as exc:
-                raise _after(exc, submitted) from exc.__cause__
-            except (KeyError, TypeError) as exc:
-                raise ProtocolError(f"not a bulk submit answer: {exc!r}") from None
-            if len(jobs) != len(chunk):
-                raise ProtocolError(f"sent {len(chunk)} jobs, {len(jobs)} came back")
-            submitted.extend(jobs)
-            bar.update(len(jobs))
-    return submitted
-
-
-def _chunked_bodies(
-    bodies: Iterable[bytes], chunk_size: int, chunk_bytes: int
-) -> Iterator[list[bytes]]:
-    chunk: list[bytes] = []
-    size = 0
-    for body in bodies:
-        if chunk and (len(chunk) >= chunk_size or size + len(body) + 1 > chunk_bytes):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(body)
-        size += len(body) + 1
-    if chunk:
-        yield chunk
-
-
-def _after(exc: ClientError, submitted: list[Job]) -> ClientError:
-    """The error of one chunk, as the caller of submit_many should see it."""
-    if isinstance(exc, HTTPStatusError) and submitted:
-        # The API counts jobs within its request; count them from the first of the whole call.
-        message = _JOB_INDEX.sub(
-            lambda m: f"{m[1]}jobs{m[2]}{int(m[3]) + len(submitted)}", exc.message
-        )
-        exc = type(exc)(exc.status_code, exc.code, message, response=exc.response)
-    exc.submitted = list(submitted)
-    return exc
 
 
 def get(job_id: str, *, encoding: str, wait_s: float, retries: Retries) -> Plan[Job]:
@@ -259,7 +173,7 @@ def get_many(
         ids = unique[start : start + IDS_PER_STATUS_READ]
         held = wait_s if start == 0 else 0.0
         body = {"ids": ids, "encoding": encoding, "wait": round(held, 3)}
-        data = yield from send(Call("POST", "/v1/jobs/status", content=_dumps(body)), retries)
+        data = yield from send(Call("POST", "/v1/jobs/status", content=dumps(body)), retries)
         try:
             found.update((job.id, job) for job in map(Job.from_wire, data["jobs"]))
         except (KeyError, TypeError) as exc:

@@ -18,15 +18,11 @@ import httpx
 import numpy as np
 import orjson
 
-from tffleet import __version__, tensors
-from tffleet.client.errors import (
-    BY_STATUS,
-    ConnectError,
-    HTTPStatusError,
-    ProtocolError,
-    TransportError,
-)
+from tffleet.client.errors import ConnectError, HTTPStatusError, ProtocolError, TransportError
+from tffleet.errors import class_for
 from tffleet.fleet_env import DEFAULT_URL, fleet_setting
+from tffleet.tensors import NPZ, TensorError, read_npz
+from tffleet.version import __version__
 
 T = TypeVar("T")
 
@@ -111,7 +107,7 @@ def send(call: Call, retries: Retries) -> Plan[Any]:
 # Asked for on reads of one job: a job that has succeeded comes back as an .npz of its outputs
 # (the job itself in the `Tffleet-Job` header), any other as JSON. A server that does not know
 # .npz answers JSON, which is read as ever.
-ACCEPT_NPZ = f"{tensors.NPZ}, application/json"
+ACCEPT_NPZ = f"{NPZ}, application/json"
 
 
 def read(response: httpx.Response) -> Any:
@@ -119,7 +115,7 @@ def read(response: httpx.Response) -> Any:
         raise error_for(response)
     if response.status_code == 204:  # a delete: no content
         return None
-    if response.headers.get("content-type", "").split(";")[0].strip().lower() == tensors.NPZ:
+    if response.headers.get("content-type", "").split(";")[0].strip().lower() == NPZ:
         return read_npz_job(response)
     try:
         return orjson.loads(response.content)
@@ -132,8 +128,8 @@ def read_npz_job(response: httpx.Response) -> dict[str, Any]:
     outputs the caller's own (writable) arrays, each copied once out of the answer."""
     try:
         job = orjson.loads(response.headers["tffleet-job"])
-        arrays = tensors.read_npz(response.content)
-    except (KeyError, orjson.JSONDecodeError, tensors.TensorError) as exc:
+        arrays = read_npz(response.content)
+    except (KeyError, orjson.JSONDecodeError, TensorError) as exc:
         raise ProtocolError(f"{response.status_code} .npz answer is not a job's: {exc!r}") from None
     if not isinstance(job, dict):
         raise ProtocolError(f"{response.status_code} .npz answer: Tffleet-Job is not a job")
@@ -147,8 +143,8 @@ def error_for(response: httpx.Response) -> HTTPStatusError:
         code, message = str(error["code"]), str(error["message"])
     except (orjson.JSONDecodeError, KeyError, TypeError):  # a proxy's page, say
         code, message = "http_error", response.text[:200] or response.reason_phrase
-    cls = BY_STATUS.get(response.status_code, HTTPStatusError)
-    return cls(response.status_code, code, message, response=response)
+    cls = class_for(response.status_code, code)
+    return cls.from_answer(response.status_code, code, message, response=response)
 
 
 def _transport_error(exc: httpx.RequestError, call: Call) -> TransportError:

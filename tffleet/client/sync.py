@@ -12,8 +12,8 @@ twin.
     done = client.wait_all([job.id for job in jobs])  # a progress bar for many jobs on a TTY
 
 Errors are in `tffleet.client.errors` (root `ClientError`). What each method sends and how it
-reads the answers is in `tffleet.client.plans` and `tffleet.client.protocol`, shared with the
-async client; this module only performs it.
+reads the answers is in `tffleet.client.plans` (`tffleet.client.bulk` for `submit_many`) and
+`tffleet.client.protocol`, shared with the async client; this module only performs it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tffleet.client import plans
+from tffleet.client import bulk, plans
 from tffleet.client.events import Follow
 from tffleet.client.job import Job, ModelInfo
 from tffleet.client.protocol import Call, Plan, Retries, build_request, connection
@@ -126,7 +126,7 @@ class Client:
         jobs in order. A refused request raises with `.submitted`, the jobs stored before it.
         `cancel_after`, `webhook` and `webhook_events` apply to every job, as in `submit`."""
         return self._drive(
-            plans.submit_many(
+            bulk.submit_many(
                 model,
                 inputs_list,
                 version=version,
