@@ -26,7 +26,7 @@ from their options ([command line](cli.md)), and `tffleet up` writes the ones a 
 `.tffleet/fleet.env`, which other `tffleet` commands and the Python client read.
 
 A value that does not parse, or that breaks a bound, stops the process at start with a message
-naming the variable.
+naming the setting.
 """
 
 # The packages whose code may read a variable of ours that is not a setting.
@@ -176,7 +176,7 @@ def render() -> str:
     others = other_variables(cls, root)
     if others:
         out.append(
-            "## Other variables\n\nRead outside `Settings`, by a command or the client: "
+            "## Other variables\n\nUsed outside `Settings`, by a command or the client: "
             "what each is for is in the file that reads it."
         )
         out.append(

@@ -11,11 +11,10 @@ _BOUNDS = (
     ("exclusiveMinimum", "> {}"),
     ("maximum", "≤ {}"),
     ("exclusiveMaximum", "< {}"),
-    ("minLength", "at least {} characters"),
-    ("maxLength", "at most {} characters"),
+    ("minLength", "length ≥ {}"),
+    ("maxLength", "length ≤ {}"),
     ("minItems", "at least {} items"),
     ("maxItems", "at most {} items"),
-    ("pattern", "matches {}"),
 )
 
 
@@ -58,7 +57,9 @@ def type_of(schema: dict[str, Any] | bool) -> str:
 def bounds(schema: dict[str, Any]) -> str:
     """What a schema allows beyond its type, and its default: `≥ 0, ≤ 30; default 0`."""
     found = [rule.format(_json(schema[key])) for key, rule in _BOUNDS if key in schema]
-    if "default" in schema:
+    if "pattern" in schema:
+        found.append(f"matches {code(schema['pattern'])}")
+    if schema.get("default") is not None:  # a default of null says no more than "optional"
         found.append(f"default {code(_json(schema['default']))}")
     examples = schema.get("examples")
     if isinstance(examples, list) and examples:
