@@ -105,8 +105,9 @@ def test_every_page_of_the_nav_is_built_in_its_four_parts(site: Path) -> None:
     for part in ("tutorial.md", "how-to/", "reference/", "explanation/"):
         assert any(p.startswith(part) for p in pages), f"the nav has no {part}"
     for page in pages:
-        built = "index.html" if page == "index.md" else page.removesuffix(".md") + "/index.html"
-        assert (site / built).is_file(), f"{page} was not built"
+        source = Path(page)
+        built = source.parent if source.name == "index.md" else source.with_suffix("")
+        assert (site / built / "index.html").is_file(), f"{page} was not built"
     for generated in ("http", "cli", "configuration", "metrics"):
         assert (site / "reference" / generated / "index.html").is_file()
 
