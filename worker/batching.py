@@ -36,8 +36,8 @@ from worker.heartbeat import Heartbeat, Running
 from worker.pipeline import BatchPolicy, Decoded, Ran, Runner, Task
 from worker.writer import BatchReport, Writer
 
-# Their homes are worker/drain.py, worker/pipeline.py and worker/writer.py; imported from here
-# too, as `Batcher` and what it takes and gives.
+# What callers import from here besides `Batcher`, whose homes are worker/drain.py,
+# worker/pipeline.py and worker/writer.py.
 __all__ = ["DRAIN", "BatchPolicy", "BatchReport", "Batcher", "Drain", "drain_bound_s"]
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,8 @@ class Batcher:
     thread (worker/timeouts.py), which then calls `on_timeout`: it ends the process, whose stuck
     forward pass holds the device.
 
-    Each task reads the fields below when it starts, so a test may replace one between tasks.
+    A task reads the fields below afresh (its stages get them when it starts), so a test may
+    replace one between tasks.
     """
 
     sessions: sessionmaker[Session]
