@@ -2,25 +2,42 @@
 
 A missing service skips its tests on a laptop but fails them under CI=true. The run touches only
 what it made (see tests/services.py): PostgreSQL databases it creates and drops, a Redis server of
-its own, and processes it starts, which must all be gone when a test module ends.
+its own, and processes it starts, which must all be gone when a test module ends. The one thing it
+leaves on the PostgreSQL server is the migrated template its databases are copied from
+(`tffleet_template_<digest of db/migrations>`), which a later run reuses and a changed migration
+replaces.
+
+Databases: a test that takes `db_url` (or `engine`, `sessions`) runs on SQLite, the embedded
+default, unless it is marked `@pytest.mark.both_databases`, which runs it once on SQLite and once
+on PostgreSQL: the tests of SQL behaviour (tests/db, the claims and sweeps of tests/worker) and
+the API's dialect-specific paths. A test that needs PostgreSQL alone (concurrency SQLite does not
+have) says `@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)`. Each database
+starts migrated: a SQLite file is a copy of one migrated once per run, a PostgreSQL database a
+copy of the template; only the tests of the migrations run them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import re
+import shutil
 import signal
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import make_engine, make_sessionmaker
-from db.migrate import upgrade
+from db.migrate import MIGRATIONS_DIR, upgrade
 from tests.services import RUN_MARK, PrivateRedis, kill_all, mark_run, marked_processes
 
 # The server the run creates its databases on (through this database, which it leaves alone).
@@ -40,30 +57,97 @@ def service_missing(what: str, error: Exception) -> None:
     pytest.skip(message)
 
 
+def migrations_digest() -> str:
+    """A digest of db/migrations: a database migrated by other migrations is not a template."""
+    digest = hashlib.sha256()
+    for path in sorted(MIGRATIONS_DIR.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(MIGRATIONS_DIR)).encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+TEMPLATE_PREFIX = "tffleet_template_"
+_TEMPLATE = re.compile(TEMPLATE_PREFIX + r"[0-9a-f]{12}")  # a finished one; builds have a suffix
+
+
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A fresh database on the test server, dropped at the end of the session."""
+def postgres_template() -> str:
+    """The name of a migrated database on the test server that the run's databases copy.
+
+    Built once (a copy costs a fraction of the eleven migrations), under a name of its own first
+    and renamed when done, so that a run beside this one never copies half a template. No one may
+    connect to it: PostgreSQL copies a database only while no one is connected. A template of
+    other migrations is dropped.
+    """
+    name = TEMPLATE_PREFIX + migrations_digest()
     admin = make_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
-    name = f"tffleet_test_{uuid.uuid4().hex[:10]}"
     try:
         with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+            names = set(conn.scalars(text("SELECT datname FROM pg_database")))
     except Exception as exc:  # any driver error means "no server here"
         admin.dispose()
         service_missing("PostgreSQL", exc)
-    url = make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    yield url
+    try:
+        if name not in names:
+            _build_template(admin, name)
+        for stale in names:
+            if _TEMPLATE.fullmatch(stale) and stale != name:
+                with contextlib.suppress(Exception), admin.connect() as conn:  # in use: next run
+                    conn.execute(text(f'DROP DATABASE IF EXISTS "{stale}"'))
+    finally:
+        admin.dispose()
+    return name
+
+
+def _build_template(admin: Engine, name: str) -> None:
+    building = f"{name}_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{building}"'))
+    try:
+        upgrade(make_url(POSTGRES_URL).set(database=building).render_as_string(hide_password=False))
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{building}" WITH ALLOW_CONNECTIONS false'))
+            conn.execute(text(f'ALTER DATABASE "{building}" RENAME TO "{name}"'))
+            building = ""
+    except DBAPIError as exc:
+        if "already exists" not in str(exc):  # else a run beside this one built it first
+            raise
+    finally:
+        if building:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{building}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_template: str) -> Iterator[str]:
+    """A fresh database on the test server, a copy of the template, dropped at the end of the
+    session."""
+    admin = make_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    name = f"tffleet_test_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"'))
+    yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated once for the run, which each `sqlite_url` copies."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "tffleet.db"
+    upgrade(f"sqlite:///{path}")
+    assert not path.with_name(path.name + "-wal").exists(), "the migration left its WAL behind"
+    return path
+
+
 @pytest.fixture
-def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'tffleet.db'}"
-    upgrade(url)
-    return url
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path) -> str:
+    """A SQLite file of the test's own, migrated."""
+    path = tmp_path_factory.mktemp("sqlite") / "tffleet.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
 
 
 def _truncate(engine: Engine) -> None:
@@ -78,12 +162,26 @@ def _truncate(engine: Engine) -> None:
         conn.execute(text("DELETE FROM tenants WHERE name <> 'default'"))
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+DATABASES = ("sqlite", "postgres")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`db_url` is SQLite, or each database for a test marked `both_databases` (see above)."""
+    if "db_url" not in metafunc.fixturenames:
+        return
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0]
+        if "db_url" in ([n.strip() for n in names.split(",")] if isinstance(names, str) else names):
+            return  # the test names its databases itself
+    both = metafunc.definition.get_closest_marker("both_databases") is not None
+    metafunc.parametrize("db_url", DATABASES if both else DATABASES[:1], indirect=True)
+
+
+@pytest.fixture
 def db_url(request: pytest.FixtureRequest) -> str:
-    """Each test that takes this runs once on SQLite and once on PostgreSQL."""
-    if request.param == "sqlite":
-        return str(request.getfixturevalue("sqlite_url"))
-    return str(request.getfixturevalue("postgres_url"))
+    """The test's database: SQLite, or each in turn for a test marked `both_databases`."""
+    assert request.param in DATABASES, request.param
+    return str(request.getfixturevalue(f"{request.param}_url"))
 
 
 @pytest.fixture

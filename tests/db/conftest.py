@@ -1,8 +1,14 @@
-"""Factories for job rows, on whichever backend the `sessions` fixture runs."""
+"""Factories for job rows, on whichever backend the `sessions` fixture runs.
+
+Every test here runs on SQLite and on PostgreSQL: SQL behaviour (claims, locks, sweeps, standing,
+the console's reads, history, the clock) is what they test, and the two differ in it. So each
+module of this folder is marked `both_databases` (tests/conftest.py) as it is collected.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -11,6 +17,14 @@ from db import jobs, tenants
 from db.models import DEFAULT_TENANT, Job
 
 MakeJobs = Callable[..., list[str]]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> Iterator[object]:
+    module = yield
+    if isinstance(module, pytest.Module):
+        module.add_marker(pytest.mark.both_databases)
+    return module
 
 
 def read(sessions: sessionmaker[Session], job_id: str) -> Job:
