@@ -7,7 +7,7 @@ module of this folder is marked `both_databases` (tests/conftest.py) as it is co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,9 @@ MakeJobs = Callable[..., list[str]]
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> Iterator[object]:
+def pytest_pycollect_makemodule(
+    module_path: Path, parent: pytest.Collector
+) -> Generator[None, object, object]:
     module = yield
     if isinstance(module, pytest.Module):
         module.add_marker(pytest.mark.both_databases)
