@@ -34,8 +34,8 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         description="INPUT: a .npy file (one array: the batch of a single-input model), a .npz "
         "file (inputs by name), or a .json file or - (stdin) holding the job's `inputs`.",
     )
-    submit.add_argument("model", metavar="MODEL")
-    submit.add_argument("input", metavar="INPUT")
+    submit.add_argument("model", metavar="MODEL", help="the model's name")
+    submit.add_argument("input", metavar="INPUT", help="a .npy, .npz or .json file, or - (stdin)")
     submit.add_argument(
         "--version", type=int, metavar="N", help="model version (default: the latest)"
     )
@@ -70,7 +70,7 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         description="Exit status 1 if, with --wait, some are still unfinished after S seconds; "
         "with --follow, if the job did not succeed.",
     )
-    status.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    status.add_argument("job_ids", nargs="+", metavar="JOB_ID", help="one or more job ids")
     how = status.add_mutually_exclusive_group()
     how.add_argument("--wait", type=float, metavar="S", help="wait up to S s for them to end")
     how.add_argument(
@@ -87,7 +87,7 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         description="The job goes back to queued, its error and outputs cleared, with a fresh "
         "attempt budget. Exit status 1 if it is queued, running or succeeded, or unknown.",
     )
-    retry.add_argument("job_id", metavar="JOB_ID")
+    retry.add_argument("job_id", metavar="JOB_ID", help="the job to run again")
     retry.add_argument(
         "--cancel-after", metavar="DURATION", help="a new deadline, as for `tffleet submit`"
     )
@@ -99,7 +99,7 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="delete an ended job with its inputs and outputs",
         description="Exit status 1 if the job is queued or running (cancel it first), or unknown.",
     )
-    delete.add_argument("job_id", metavar="JOB_ID")
+    delete.add_argument("job_id", metavar="JOB_ID", help="the job to delete")
     delete.add_argument("--url", default=url, help=f"the API (default $TFFLEET_URL or {url})")
     delete.set_defaults(func=cmd_delete)
 

@@ -22,18 +22,27 @@ if TYPE_CHECKING:
 
 def add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     api = sub.add_parser("api", help="run the HTTP API")
-    api.add_argument("--host")
-    api.add_argument("--port", type=int)
+    api.add_argument("--host", help="listen address (default $TFFLEET_API_HOST or 127.0.0.1)")
+    api.add_argument("--port", type=int, help="listen port (default $TFFLEET_API_PORT or 8000)")
     api.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
-    api.add_argument("--access-log", action="store_true")
-    api.add_argument("--log-level", default="INFO")
+    api.add_argument(
+        "--access-log", action="store_true", help="log every request (uvicorn's access log)"
+    )
+    api.add_argument(
+        "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)"
+    )
     api.set_defaults(func=cmd_api)
 
     worker = sub.add_parser("worker", help="run a Celery worker, one child per device")
     worker.add_argument("--devices", help="cpu:N, all, or GPU indices such as 0,1")
-    worker.add_argument("--model-repository")
+    worker.add_argument(
+        "--model-repository",
+        help="the models' directory (default $TFFLEET_MODEL_REPOSITORY or models)",
+    )
     worker.add_argument("--models", help="comma-separated subset of the repository's models")
-    worker.add_argument("--log-level", default="INFO")
+    worker.add_argument(
+        "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)"
+    )
     worker.set_defaults(func=cmd_worker)
 
     sweeper = sub.add_parser(
@@ -42,7 +51,9 @@ def add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "deliver webhooks",
     )
     sweeper.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    sweeper.add_argument("--metrics-address", default="127.0.0.1")
+    sweeper.add_argument(
+        "--metrics-address", default="127.0.0.1", help="the metrics' listen address (default local)"
+    )
     sweeper.set_defaults(func=cmd_sweeper)
 
     migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
@@ -50,7 +61,7 @@ def add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
     flower = sub.add_parser("flower", help="run Flower, the Celery monitor")
     flower.add_argument("--address", default="127.0.0.1", help="listen address (default local)")
-    flower.add_argument("--port", type=int, default=5555)
+    flower.add_argument("--port", type=int, default=5555, help="listen port (default 5555)")
     flower.add_argument("--no-auth", action="store_true", help="allow running without a password")
     flower.set_defaults(func=cmd_flower)
 

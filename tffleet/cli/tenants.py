@@ -46,7 +46,7 @@ def add_tenant_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     listing.set_defaults(func=cmd_list)
 
     change = commands.add_parser("set", help="set a tenant's own limits (created if new)")
-    change.add_argument("name", metavar="TENANT")
+    change.add_argument("name", metavar="TENANT", help="the tenant's name")
     for name, meaning in _LIMITS.items():
         change.add_argument(
             f"--{name.replace('_', '-')}",

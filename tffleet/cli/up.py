@@ -44,7 +44,9 @@ def add_up_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default=str(DEFAULT_DATA_DIR),
         help="where the database, models and admin key live",
     )
-    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument(
+        "--host", default="127.0.0.1", help="the API's listen address (default 127.0.0.1)"
+    )
     up.add_argument("--port", type=int, default=8000, help="the API's port (default 8000)")
     up.add_argument("--devices", default="cpu:1", help="cpu:N, all, or GPU indices (default cpu:1)")
     up.add_argument(
