@@ -18,6 +18,7 @@ import time
 from bench.scratch import scratch_database
 from db import jobs
 from db.engine import make_engine, make_sessionmaker
+from db.jobs import claims
 
 JOBS, BATCH, ROUNDS = 20_000, 128, 40
 
@@ -36,11 +37,11 @@ def measure(url: str) -> tuple[float, float]:
                 ],
             )
     took: dict[bool, list[float]] = {True: [], False: []}
-    original = jobs._claim_statement
+    original = claims._claim_statement
     try:
         for _ in range(ROUNDS):
             for history in (True, False):
-                jobs._claim_statement = functools.partial(original, history=history)  # type: ignore[assignment]
+                claims._claim_statement = functools.partial(original, history=history)  # type: ignore[assignment]
                 session = sessions()
                 started = time.perf_counter()
                 leases = jobs.claim_next(
@@ -52,7 +53,7 @@ def measure(url: str) -> tuple[float, float]:
                 session.rollback()
                 session.close()
     finally:
-        jobs._claim_statement = original  # type: ignore[assignment]
+        claims._claim_statement = original  # type: ignore[assignment]
         engine.dispose()
     return statistics.median(took[True]) * 1000, statistics.median(took[False]) * 1000
 

@@ -24,9 +24,9 @@ Where it is an estimate, not a promise:
   priorities in the other tenants and one batch, the position is exact. Another tenant's
   priorities can move it by one job per such tenant (the "older" stand-in above).
 - A job that does not fit the room left in a batch waits for the next one while smaller jobs
-  behind it go; a job claimed before runs alone when its wake-up comes (db/jobs.py Isolation);
-  the parts of a split job (db/parts.py) count as jobs of their tenant. Running jobs are not
-  counted.
+  behind it go; a job claimed before runs alone when its wake-up comes (db/jobs/claims.py,
+  Isolation); the parts of a split job (db/parts.py) count as jobs of their tenant. Running jobs
+  are not counted.
 
 `eta_s` is (samples of the jobs ahead + the job's own) / the samples per second its model version
 finished lately (`Recent.rate`): the time to drain what is ahead at the recent pace (running

@@ -1,9 +1,9 @@
 """The claim reads a tenant's queued jobs in index order: no sort of the queue per claim.
 
-`ix_jobs_pick` holds priority descending, as the claim orders it (`db.jobs` candidates: priority
-highest first, then age), so PostgreSQL walks the index and stops at the batch's limit. With the
-ascending index it had, it sorted the tenant's whole queue on every claim: 40 to 66 ms per claim
-at 64,000 queued jobs, against 0.1 ms.
+`ix_jobs_pick` holds priority descending, as the claim orders it (`db.jobs.claims` candidates:
+priority highest first, then age), so PostgreSQL walks the index and stops at the batch's
+limit. With the ascending index it had, it sorted the tenant's whole queue on every claim: 40
+to 66 ms per claim at 64,000 queued jobs, against 0.1 ms.
 
 "Never claimed in this run" is `attempts <= budget_from` (equal, as attempts never falls below
 it), not `attempts = budget_from`: PostgreSQL estimates a column equal to another column at 0.5%
@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from db import jobs
 from db.engine import make_sessionmaker
+from db.jobs import claims
 from db.models import DEFAULT_TENANT
 
 
@@ -36,7 +37,7 @@ def test_postgres_claims_by_priority_from_the_index_without_sorting_the_queue(
         )
     with engine.connect() as conn:
         conn.exec_driver_sql("ANALYZE jobs")
-        statement = jobs._candidates_statement(fresh_only=True).compile(dialect=engine.dialect)
+        statement = claims._candidates_statement(fresh_only=True).compile(dialect=engine.dialect)
         params = {"n_model": "m", "n_version": 1, "n_tenant": DEFAULT_TENANT, "n_limit": 128}
         rows = conn.exec_driver_sql(f"EXPLAIN {statement}", {**statement.params, **params})
         plan = "\n".join(row[0] for row in rows)

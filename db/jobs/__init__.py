@@ -1,0 +1,119 @@
+"""Every change of a job's state, a module per part of a job's life.
+
+                     ┌──── release, expire_leases, take_back_from ────┐
+                     ▼                                                 │
+    create ──▶ queued ───claim───▶ running ───complete───▶ succeeded   │
+                 │                   │ ├────────fail─────▶ failed      │
+                 │                   │ ├──expire_leases──▶ failed      │
+                 │                   │ │  take_back_from               │
+                 │                   │ └───────────────────────────────┘
+                 └──────cancel───────┴────────cancel─────▶ canceled
+                 └──claim, cancel_overdue (deadline)──┴───────▶ canceled
+
+    failed, canceled ──retry──▶ queued
+    succeeded, failed, canceled ──purge_finished (past their retention), delete──▶ deleted
+
+- creation: `queued` rows, committed before any wake-up is published (the API).
+- claims: a compare-and-set, queued -> running, that records a lease (owner, attempt, expiry)
+  and counts an attempt; the tenants that wait take turns (fair share). A job claimed before
+  runs alone (Isolation). Worker children.
+- leases: `heartbeat` extends a lease while its batch runs; `complete`, `fail`, `release` write
+  only where the lease still matches (owner and attempt), so a stale or duplicate worker cannot
+  overwrite a result; `fail` ends it with a `JobErrorCode`, `release` hands it back to the queue
+  after a fault that is not the job's. `expire_leases` (the sweeper) takes back jobs whose lease
+  ran out: `queued` again, or `failed` (`worker_lost`) once they used their attempt budget;
+  `take_back_from` does the same at once for a child its worker saw die (its main process).
+- control: `cancel`, any unfinished job; a running job's late result is then fenced out. A job
+  with a deadline (`Cancel-After`) that has not ended by then is canceled the same way, with
+  error `deadline`: by the claim that would start it, or by the sweeper (`cancel_overdue`).
+  `retry`: a failed or canceled job runs again under its id, with a fresh attempt budget;
+  `remove` (delete): an ended job goes now, inputs, outputs and all (the API).
+- sweep: `stale_queued` and `mark_published` find and record lost wake-ups; `stamp_expiry` and
+  `purge_finished` delete ended jobs past their retention (the sweeper).
+- reads: for the API and the workers; history: the lines a job's changes append to it.
+
+The modules import one another one way only: `_common` (the tables, the predicates on a job's
+state, the webhook record of ended jobs) and `history` under all of them; `reads`; `control`,
+which reads a job first; `leases`; `claims`, which hands out leases and cancels overdue jobs;
+`creation` and `sweep` beside them. Callers import the package (`from db import jobs`) and patch
+a name where it is looked up: `jobs.complete` for a worker's call, `db.jobs.claims` for the
+claim's own statements.
+
+worker/retry.py maps which of these paths make a job run again.
+"""
+
+from __future__ import annotations
+
+from db.jobs._common import JobGroups
+from db.jobs.claims import claim, claim_next, claim_next_fresh, claim_retried, still_queued
+from db.jobs.control import cancel, cancel_overdue, remove, retry
+from db.jobs.creation import NewJob, Submitted, create, create_idempotent
+from db.jobs.history import HistoryEvent, history_of
+from db.jobs.leases import (
+    Lease,
+    TakenBack,
+    complete,
+    expire_leases,
+    fail,
+    heartbeat,
+    release,
+    take_back_from,
+    unclaim,
+)
+from db.jobs.reads import (
+    count_queued,
+    count_unfinished,
+    fetch,
+    get,
+    get_many,
+    has_unfinished,
+    list_jobs,
+    queued_ids,
+    some_queued,
+)
+from db.jobs.sweep import mark_published, purge_finished, stale_queued, stamp_expiry
+
+# Not a name of this package: tests/worker/test_webhooks.py reaches the row class as `jobs.Job`,
+# as it could while this was one module.
+from db.models import Job as Job
+
+__all__ = [
+    "HistoryEvent",
+    "JobGroups",
+    "Lease",
+    "NewJob",
+    "Submitted",
+    "TakenBack",
+    "cancel",
+    "cancel_overdue",
+    "claim",
+    "claim_next",
+    "claim_next_fresh",
+    "claim_retried",
+    "complete",
+    "count_queued",
+    "count_unfinished",
+    "create",
+    "create_idempotent",
+    "expire_leases",
+    "fail",
+    "fetch",
+    "get",
+    "get_many",
+    "has_unfinished",
+    "heartbeat",
+    "history_of",
+    "list_jobs",
+    "mark_published",
+    "purge_finished",
+    "queued_ids",
+    "release",
+    "remove",
+    "retry",
+    "some_queued",
+    "stale_queued",
+    "stamp_expiry",
+    "still_queued",
+    "take_back_from",
+    "unclaim",
+]

@@ -1,0 +1,116 @@
+"""The sweeper's side of a job's life beyond its lease: wake-ups that were lost (`stale_queued`,
+`mark_published`) and ended jobs past their retention (`stamp_expiry`, `purge_finished`).
+Leases whose worker vanished are taken back in db/jobs/leases.py.
+
+Called by the sweeper (worker/sweeper.py), one active at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import bindparam, delete, exists, func, select, update
+from sqlalchemy.orm import Session
+
+from db import clock
+from db.jobs._common import JobGroups, _jobs
+from db.models import FINISHED, JobStatus, ModelPresence, PresenceState
+
+
+def stale_queued(
+    *, session: Session, older_than: datetime, limit: int, held_since: datetime | None = None
+) -> JobGroups:
+    """Queued jobs whose last wake-up (the submit's, or the sweeper's) was before `older_than`.
+
+    Oldest jobs first, at most `limit`. Such a job may still have a message waiting in Redis
+    behind a backlog; publishing it again is harmless (a claim takes a job once). With
+    `held_since`, only jobs of versions that a child seen since then holds: a wake-up for a
+    version no live worker runs would only pile up in its queue.
+    """
+    last_wakeup = func.coalesce(_jobs.c.published_at, _jobs.c.created_at)
+    query = select(_jobs.c.id, _jobs.c.model, _jobs.c.version).where(
+        _jobs.c.status == JobStatus.QUEUED.value, last_wakeup < older_than
+    )
+    if held_since is not None:
+        query = query.where(
+            exists().where(
+                ModelPresence.name == _jobs.c.model,
+                ModelPresence.version == _jobs.c.version,
+                ModelPresence.seen_at >= held_since,
+                ModelPresence.state.in_([PresenceState.LOADED.value, PresenceState.DRAINING.value]),
+            )
+        )
+    rows = session.execute(query.order_by(_jobs.c.id).limit(limit)).all()
+    groups: JobGroups = {}
+    for row in rows:
+        groups.setdefault((row.model, row.version), []).append(row.id)
+    return groups
+
+
+def mark_published(*, session: Session, job_ids: Sequence[str], at: datetime) -> int:
+    """Record that a wake-up naming these jobs was published at `at` (those still queued)."""
+    if not job_ids:
+        return 0
+    result = session.execute(
+        update(_jobs)
+        .where(_jobs.c.id.in_(job_ids), _jobs.c.status == JobStatus.QUEUED.value)
+        .values(published_at=at)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+# ─── Purge ────────────────────────────────────────────────────────────────────────────────────────
+
+
+def stamp_expiry(*, session: Session, limit: int) -> int:
+    """Give ended jobs that have a `ttl_s` of their own their `expires_at`; returns how many.
+
+    SQL has no portable "timestamp plus a column of seconds", so the sweeper works it out here,
+    a bounded chunk per call.
+    """
+    rows = session.execute(
+        select(_jobs.c.id, _jobs.c.finished_at, _jobs.c.ttl_s)
+        .where(
+            _jobs.c.status.in_([status.value for status in FINISHED]),
+            _jobs.c.ttl_s.is_not(None),
+            _jobs.c.expires_at.is_(None),
+            _jobs.c.finished_at.is_not(None),
+        )
+        .limit(limit)
+    ).all()
+    if not rows:
+        return 0
+    session.execute(
+        update(_jobs)
+        .where(_jobs.c.id == bindparam("b_id"))
+        .values(expires_at=bindparam("b_expires_at")),
+        [
+            {"b_id": row.id, "b_expires_at": row.finished_at + timedelta(seconds=row.ttl_s)}
+            for row in rows
+        ],
+    )
+    return len(rows)
+
+
+def purge_finished(
+    *, session: Session, older_than: datetime, limit: int, now: datetime | None = None
+) -> int:
+    """Delete at most `limit` ended jobs past their retention; returns how many.
+
+    That is: jobs without a `ttl_s` that finished before `older_than`, and jobs with one whose
+    `expires_at` (see `stamp_expiry`) is before `now`. One bounded chunk per call, so the caller
+    can commit between chunks and no transaction holds a large part of the table.
+    """
+    now = now or clock.now(session)
+    ended = _jobs.c.status.in_([status.value for status in FINISHED])
+    by_default = select(_jobs.c.id).where(
+        ended, _jobs.c.ttl_s.is_(None), _jobs.c.finished_at < older_than
+    )
+    by_own = select(_jobs.c.id).where(ended, _jobs.c.expires_at < now)
+    ids = list(session.scalars(by_default.order_by(_jobs.c.finished_at).limit(limit)))
+    ids += list(session.scalars(by_own.order_by(_jobs.c.expires_at).limit(limit - len(ids))))
+    if not ids:
+        return 0
+    result = session.execute(delete(_jobs).where(_jobs.c.id.in_(ids)))
+    return int(result.rowcount)  # type: ignore[attr-defined]
