@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -14,14 +13,16 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api import docs
+from api import docs, openapi
 from api.admission import Admission
 from api.auth import Authenticator
 from api.autoscaling import AutoscalingCollector
 from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED, exposition
-from api.routes import console, events, health, jobs, models, oip, tfserving, webhooks
-from api.schemas import JobBatchCreate, JobCreate, JobStatusQuery, json_response
+from api.protocols.oip import routes as oip
+from api.protocols.tfserving import routes as tfserving
+from api.routes import console, events, health, jobs, models, webhooks
+from api.schemas import json_response
 from api.state import AppState, SignatureCache
 from api.waiter import CompletionWaiter
 from db import secrets as fleet_secrets
@@ -64,29 +65,6 @@ async def _on_database_error(_: Request, exc: Exception) -> Response:
         log.warning("database unreachable: %s", exc)
         return _error(503, ServiceUnavailable.code, "database unreachable; try again")
     raise exc
-
-
-# Request bodies the routes read themselves (to answer 400/413/415 before validating), so FastAPI
-# does not list their schemas: the routes' `openapi_extra` refers to them by name.
-_BODY_SCHEMAS = (JobCreate, JobBatchCreate, JobStatusQuery)
-
-
-def _with_body_schemas(app: FastAPI) -> Any:
-    make_openapi = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = make_openapi()
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in _BODY_SCHEMAS:
-                found = model.model_json_schema(ref_template="#/components/schemas/{model}")
-                for name, nested in found.pop("$defs", {}).items():
-                    components.setdefault(name, nested)
-                components.setdefault(model.__name__, found)
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    return openapi
 
 
 def announcement_key(sessions: sessionmaker[Session]) -> Callable[[], bytes]:
@@ -162,5 +140,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _on_request_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(DBAPIError, _on_database_error)
-    app.openapi = _with_body_schemas(app)  # type: ignore[method-assign]
+    app.openapi = openapi.with_body_schemas(app)  # type: ignore[method-assign]
     return app

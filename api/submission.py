@@ -1,7 +1,8 @@
 """What every way of submitting shares: a body read into job specs, jobs checked against their
-model's signature and the tenant's limits before anything is stored, idempotency keys, and the
-wait for jobs to end. The job API (api/routes/jobs.py) and the protocol facades (TF Serving,
-Open Inference Protocol) call these; none of them stores or waits any other way.
+model's signature, the tenant's limits and the webhook addresses the fleet may reach before
+anything is stored, idempotency keys (the header read, the keys stored), and the wait for jobs
+to end. The job API (api/routes/jobs.py) and the protocol facades (api/protocols/: TF Serving,
+the Open Inference Protocol) call these; none of them stores or waits any other way.
 """
 
 from __future__ import annotations
@@ -10,22 +11,24 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import orjson
+from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from api.ingest import job_view
 from api.schemas import JobBatchCreate, JobCreate
 from api.state import AppState
-from api.validation import validate_inputs
+from api.validation import read_binary, validate_inputs
 from db import cache, jobs
 from db import webhooks as db_webhooks
 from db.models import FINISHED
 from db.tenants import Caller, Limits
-from tffleet import tensors
-from tffleet.errors import InvalidInput, TffleetError
+from tffleet import tensors, webhooks
+from tffleet.errors import InvalidInput, InvalidRequest, TffleetError
 
 _FINISHED = {status.value for status in FINISHED}
 
@@ -47,6 +50,23 @@ def parse(model: type[JobCreate] | type[JobBatchCreate], body: Any) -> Any:
         return model.model_validate(body)
     except ValidationError as exc:
         raise InvalidInput(field_errors(exc)) from None
+
+
+# Printable ASCII without spaces: job i > 0 of a keyed bulk request is stored under "KEY i".
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def idempotency_key(header: str | None) -> str | None:
+    """The `Idempotency-Key` header's key (None without one); 400 for one that is no key."""
+    if header is None:
+        return None
+    key = header.strip()
+    if not _IDEMPOTENCY_KEY.match(key):
+        raise InvalidRequest(
+            "Idempotency-Key: must be 1 to 128 printable ASCII characters without spaces "
+            "(a UUID, say)"
+        )
+    return key
 
 
 def request_hash(new: Sequence[jobs.NewJob]) -> str:
@@ -129,6 +149,44 @@ def prepare(
             )
         )
     return with_key(prepared, key) if key is not None else prepared
+
+
+def prepare_binary(
+    state: AppState,
+    spec: JobCreate,
+    body: bytes,
+    media: str,
+    caller: Caller,
+    limits: Limits,
+    key: str | None = None,
+    *,
+    cancel_after_s: float | None = None,
+) -> list[jobs.NewJob]:
+    """`prepare` for a binary body: its arrays (views of `body`) are checked as a JSON body's
+    tensors are, and copied once, into the stored blob."""
+    inputs = read_binary(body, media)
+    specs = [spec.model_copy(update={"inputs": inputs})]
+    return prepare(state, specs, False, caller, limits, key, cancel_after_s=cancel_after_s)
+
+
+async def check_webhooks(state: AppState, specs: Sequence[JobCreate], many: bool) -> None:
+    """422 naming `webhook` where a job's webhook host is, or resolves to, an address the fleet
+    must not reach (TFFLEET_WEBHOOK_ALLOW_PRIVATE). Resolved off the event loop; only for jobs
+    that have one. The deliverer checks the address again before each attempt."""
+    urls = {spec.webhook: index for index, spec in enumerate(specs) if spec.webhook is not None}
+    if not urls:
+        return
+    allow = state.settings.webhook_allow_private
+
+    def check() -> None:
+        for url, index in urls.items():
+            try:
+                webhooks.check(url, allow_private=allow)
+            except webhooks.WebhookAddressError as exc:
+                where = f"jobs[{index}].webhook" if many else "webhook"
+                raise InvalidInput(f"{where}: {exc}") from None
+
+    await run_in_threadpool(check)
 
 
 def _cache_key(signature: dict[str, Any], tenant: str, packed: bytes) -> str | None:

@@ -18,14 +18,14 @@ import asyncio
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
-from api.schemas import JOB_ID_MAX_LENGTH, error_responses, json_response
+from api.ids import JobId
+from api.schemas import error_responses, json_response
 from api.state import AppState, get_state
 from db import clock, console, jobs, presence, registry, standing, tenants
 from db.models import JobStatus, ModelPresence
@@ -216,9 +216,7 @@ def _devices(live: list[ModelPresence]) -> list[dict[str, Any]]:
 
 
 @router.get("/v1/console/jobs/{job_id}", responses=error_responses(401, 403, 404, 422, 503))
-async def job(
-    job_id: Annotated[str, PathParam(max_length=JOB_ID_MAX_LENGTH)], request: Request
-) -> Response:
+async def job(job_id: JobId, request: Request) -> Response:
     """One job, any tenant's, for the console: as `GET /v1/jobs/{id}` shows it, outputs left
     out, with its timeline (created, each attempt started and how it ended, finished) and its
     outputs' dtypes and shapes. Admin keys only."""

@@ -33,12 +33,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import SQLAlchemyError
 
+from api.ids import JobId
 from api.ingest import job_view
-from api.schemas import JOB_ID_MAX_LENGTH, error_responses
+from api.schemas import error_responses
 from api.state import AppState, get_state
 from db.models import FINISHED, JobStatus
 from db.tenants import Caller
@@ -111,7 +112,7 @@ _STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
     responses={**_STREAM_RESPONSES, **error_responses(404, 422, 503)},
 )
 async def job_events(
-    job_id: Annotated[str, Path(max_length=JOB_ID_MAX_LENGTH)],
+    job_id: JobId,
     request: Request,
     encoding: Annotated[Literal["json", "b64"], Query(description="`b64`: binary outputs.")] = (
         "json"

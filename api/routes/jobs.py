@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import re
 import time
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
+from api import negotiation, openapi
 from api.body import INLINE_BYTES, read_bytes, read_json
 from api.deadlines import cancel_after_s
+from api.ids import JobId
 from api.ingest import BLOB
 from api.metrics import PUBLISH_FAILURES, SUBMIT_SECONDS
+from api.negotiation import Encoding
 from api.schemas import (
-    JOB_ID_MAX_LENGTH,
     JobBatchCreate,
     JobBatchOut,
     JobCreate,
@@ -30,98 +29,33 @@ from api.schemas import (
     error_responses,
     json_response,
 )
-from api.state import AppState, StateDep, get_state
-from api.submission import field_errors, parse, prepare, wait_for
-from api.validation import read_binary
-from db import jobs, standing
-from db.models import FINISHED, JobStatus
-from db.tenants import Caller, Limits
-from db.views import job_out
-from tffleet import tensors, webhooks
-from tffleet.errors import (
-    InvalidInput,
-    InvalidRequest,
-    JobNotFound,
-    UnsupportedMediaType,
+from api.state import StateDep, get_state
+from api.submission import (
+    check_webhooks,
+    field_errors,
+    idempotency_key,
+    parse,
+    prepare,
+    prepare_binary,
+    wait_for,
 )
+from db import jobs, standing
+from db.models import JobStatus
+from db.tenants import Caller
+from db.views import job_out
+from tffleet.errors import InvalidInput, UnsupportedMediaType
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-
-Encoding = Literal["json", "b64"]
-_FINISHED = {status.value for status in FINISHED}
-
-
-# OpenAPI: a binary body or answer (.npz, .npy), and the query parameters a binary body comes with.
-_BINARY_SCHEMA = {"schema": {"type": "string", "format": "binary"}}
-_BINARY_PARAMETERS = [
-    {
-        "name": name,
-        "in": "query",
-        "required": False,
-        "schema": schema,
-        "description": f"With a binary body only (a JSON body gives it in the body): {text}",
-    }
-    for name, schema, text in (
-        ("model", {"type": "string", "maxLength": 200}, "the model; required."),
-        ("version", {"type": "integer", "minimum": 1}, "the model's version."),
-        ("priority", {"type": "integer", "minimum": -1000, "maximum": 1000}, "the priority."),
-        ("ttl_s", {"type": "integer", "minimum": 1}, "keep the job this long after it ends."),
-        ("webhook", {"type": "string", "maxLength": 2000}, "an http(s) URL for its webhooks."),
-        (
-            "webhook_events",
-            {"type": "string", "examples": ["completed", "start,completed"]},
-            "the webhook's events, comma-separated.",
-        ),
-    )
-]
-_CANCEL_AFTER_PARAMETER = {
-    "name": "Cancel-After",
-    "in": "header",
-    "required": False,
-    "schema": {"type": "string", "maxLength": 40, "examples": ["30", "1.5", "90s", "1h30m"]},
-    "description": "Cancel each job not ended this long after it is stored (error `deadline`): "
-    "seconds, or a Go-style duration.",
-}
 
 
 @router.post(
     "",
     status_code=202,
     response_model=JobOut | JobBatchOut,
-    responses={
-        **error_responses(400, 404, 409, 413, 415, 422, 429, 503),
-        202: {"content": {tensors.NPZ: _BINARY_SCHEMA}},
-    },
-    openapi_extra={
-        "parameters": [
-            {
-                "name": "Idempotency-Key",
-                "in": "header",
-                "required": False,
-                "schema": {"type": "string", "maxLength": 128},
-                "description": "The same key and body again: the same job, nothing new stored.",
-            },
-            _CANCEL_AFTER_PARAMETER,
-            *_BINARY_PARAMETERS,
-        ],
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "anyOf": [
-                            {"$ref": "#/components/schemas/JobCreate"},
-                            {"$ref": "#/components/schemas/JobBatchCreate"},
-                        ]
-                    }
-                },
-                tensors.NPZ: _BINARY_SCHEMA,
-                tensors.NPY: _BINARY_SCHEMA,
-            },
-        },
-    },
+    responses={**error_responses(400, 404, 409, 413, 415, 422, 429, 503), 202: openapi.NPZ_ANSWER},
+    openapi_extra=openapi.SUBMIT,
 )
 async def submit(
     request: Request,
@@ -153,18 +87,18 @@ async def submit(
     started = time.perf_counter()
     state = get_state(request)  # not a dependency: solving one costs more than the call
     caller = await state.auth(request)  # before the body: a stranger costs no parsing
-    key = _idempotency_key(request.headers.get("idempotency-key"))
+    key = idempotency_key(request.headers.get("idempotency-key"))
     deadline = cancel_after_s(request.headers.get("cancel-after"))
-    media = _media_type(request.headers.get("content-type", ""))
+    media = negotiation.media_type(request.headers.get("content-type", ""))
     check: functools.partial[list[jobs.NewJob]]
-    if media in _BINARY:
+    if media in negotiation.BINARY:
         body = await read_bytes(request, max_bytes=state.settings.max_body_bytes)
-        specs, many = [_binary_spec(request)], False
+        specs, many = [negotiation.binary_spec(request)], False
         check = functools.partial(
-            _prepare_binary, state, specs[0], body, media, cancel_after_s=deadline
+            prepare_binary, state, specs[0], body, media, cancel_after_s=deadline
         )
-    elif _is_json(media):
-        _no_binary_parameters(request)
+    elif negotiation.is_json(media):
+        negotiation.no_binary_parameters(request)
         body = await read_json(
             request,
             max_bytes=state.settings.max_body_bytes,
@@ -174,8 +108,8 @@ async def submit(
         specs = parse(JobBatchCreate, body).jobs if many else [parse(JobCreate, body)]
         check = functools.partial(prepare, state, specs, many, cancel_after_s=deadline)
     else:
-        raise UnsupportedMediaType(f"Content-Type must be one of {', '.join(_ACCEPTED)}")
-    await _check_webhooks(state, specs, many)
+        raise UnsupportedMediaType(f"Content-Type must be one of {', '.join(negotiation.ACCEPTED)}")
+    await check_webhooks(state, specs, many)
     declared = request.headers.get("content-length", "")
     small = declared.isdigit() and int(declared) < INLINE_BYTES
     limits = await state.admission.limits(caller.tenant)
@@ -187,7 +121,7 @@ async def submit(
     ingested = await state.ingestor(new)
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
     outs = ingested.jobs
-    npz = not many and _accepts_npz(request)
+    npz = not many and negotiation.accepts_npz(request)
     if wait > 0:
         # The jobs as just stored: a first read would only say what `outs` says. An ending
         # announced before the watch starts is remembered by the waiter.
@@ -208,124 +142,10 @@ async def submit(
     if many:
         response = json_response({"jobs": outs}, 202)
     else:
-        response = await _answer(outs[0], encoding=encoding, status_code=202)
+        response = await negotiation.answer(outs[0], encoding=encoding, status_code=202)
     if key is not None:
         response.headers["Idempotent-Replayed"] = "true" if ingested.replayed else "false"
     return response
-
-
-# Binary bodies (one job): what each holds, and the query parameters that say the rest.
-_BINARY = (tensors.NPZ, tensors.NPY)
-_ACCEPTED = ("application/json", *_BINARY)
-_QUERY_FIELDS = ("model", "version", "priority", "ttl_s", "webhook", "webhook_events")
-
-
-def _media_type(content_type: str) -> str:
-    return content_type.split(";", 1)[0].strip().lower()
-
-
-def _is_json(media: str) -> bool:
-    # As api.body reads it: application/json, or any application/...+json.
-    return media == "application/json" or (
-        media.startswith("application/") and media.endswith("+json")
-    )
-
-
-def _accepts_npz(request: Request) -> bool:
-    """Whether the Accept header lists application/x-npz (and not with q=0)."""
-    accept = request.headers.get("accept", "").lower()
-    if tensors.NPZ not in accept:
-        return False
-    for item in accept.split(","):
-        media, *params = (part.strip() for part in item.split(";"))
-        if media == tensors.NPZ:
-            for param in params:
-                name, _, value = param.partition("=")
-                if name.strip() == "q":
-                    try:
-                        return float(value) > 0
-                    except ValueError:
-                        return False
-            return True
-    return False
-
-
-def _no_binary_parameters(request: Request) -> None:
-    given = [name for name in _QUERY_FIELDS if name in request.query_params]
-    if given:
-        raise InvalidInput(
-            f"{given[0]}: a query parameter only with a binary body ({', '.join(_BINARY)}); "
-            "a JSON body gives it in the body"
-        )
-
-
-def _binary_spec(request: Request) -> JobCreate:
-    """The job a binary body comes with, from the query parameters, checked as a JSON body's
-    fields are (with the same messages); its inputs are read from the body later."""
-    query = request.query_params
-    fields: dict[str, Any] = {name: query[name] for name in _QUERY_FIELDS if name in query}
-    if "webhook_events" in query:
-        fields["webhook_events"] = [
-            event.strip()
-            for given in query.getlist("webhook_events")
-            for event in given.split(",")
-            if event.strip()
-        ]
-    return parse(JobCreate, {**fields, "inputs": {}})
-
-
-async def _check_webhooks(state: AppState, specs: Sequence[JobCreate], many: bool) -> None:
-    """422 naming `webhook` where a job's webhook host is, or resolves to, an address the fleet
-    must not reach (TFFLEET_WEBHOOK_ALLOW_PRIVATE). Resolved off the event loop; only for jobs
-    that have one. The deliverer checks the address again before each attempt."""
-    urls = {spec.webhook: index for index, spec in enumerate(specs) if spec.webhook is not None}
-    if not urls:
-        return
-    allow = state.settings.webhook_allow_private
-
-    def check() -> None:
-        for url, index in urls.items():
-            try:
-                webhooks.check(url, allow_private=allow)
-            except webhooks.WebhookAddressError as exc:
-                where = f"jobs[{index}].webhook" if many else "webhook"
-                raise InvalidInput(f"{where}: {exc}") from None
-
-    await run_in_threadpool(check)
-
-
-def _prepare_binary(
-    state: AppState,
-    spec: JobCreate,
-    body: bytes,
-    media: str,
-    caller: Caller,
-    limits: Limits,
-    key: str | None = None,
-    *,
-    cancel_after_s: float | None = None,
-) -> list[jobs.NewJob]:
-    """`prepare` for a binary body: its arrays (views of `body`) are checked as a JSON body's
-    tensors are, and copied once, into the stored blob."""
-    inputs = read_binary(body, media)
-    specs = [spec.model_copy(update={"inputs": inputs})]
-    return prepare(state, specs, False, caller, limits, key, cancel_after_s=cancel_after_s)
-
-
-# Printable ASCII without spaces: job i > 0 of a keyed bulk request is stored under "KEY i".
-_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
-
-
-def _idempotency_key(header: str | None) -> str | None:
-    if header is None:
-        return None
-    key = header.strip()
-    if not _IDEMPOTENCY_KEY.match(key):
-        raise InvalidRequest(
-            "Idempotency-Key: must be 1 to 128 printable ASCII characters without spaces "
-            "(a UUID, say)"
-        )
-    return key
 
 
 def _shown(caller: Caller, outs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -339,13 +159,10 @@ def _shown(caller: Caller, outs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @router.get(
     "/{job_id}",
     response_model=JobOut,
-    responses={
-        **error_responses(404, 422, 503),
-        200: {"content": {tensors.NPZ: _BINARY_SCHEMA}},
-    },
+    responses={**error_responses(404, 422, 503), 200: openapi.NPZ_ANSWER},
 )
 async def get_job(
-    job_id: Annotated[str, Path(max_length=JOB_ID_MAX_LENGTH)],
+    job_id: JobId,
     request: Request,
     wait: Annotated[float, Query(ge=0, le=30, description="Hold until the job ends, seconds.")] = 0,
     encoding: Annotated[Encoding, Query(description="`b64`: binary outputs.")] = "json",
@@ -359,53 +176,18 @@ async def get_job(
     """
     state = get_state(request)
     caller = await state.auth(request)
-    npz = _accepts_npz(request)
+    npz = negotiation.accepts_npz(request)
     outs = await wait_for(state, caller, [job_id], wait_s=wait, encoding=BLOB if npz else encoding)
-    response = await _answer(_shown(caller, outs)[0], encoding=encoding)
+    response = await negotiation.answer(_shown(caller, outs)[0], encoding=encoding)
     response.headers["Vary"] = "Accept"
     return response
-
-
-# Outputs up to this size are written into an .npz on the event loop: a thread hop would cost
-# more.
-_INLINE_NPZ_BYTES = 64 * 1024
-
-
-async def _answer(out: dict[str, Any], *, encoding: Encoding, status_code: int = 200) -> Response:
-    """A job as JSON, or, where it was read with its outputs as their stored blob (`BLOB`), as
-    an .npz of them with the job in the `Tffleet-Job` header (JSON, outputs null)."""
-    blob = out["outputs"]
-    if not isinstance(blob, bytes):
-        return json_response(out, status_code)
-    out["outputs"] = None
-    try:
-        if len(blob) <= _INLINE_NPZ_BYTES:
-            body = tensors.npz_of_blob(blob)
-        else:
-            body = await run_in_threadpool(tensors.npz_of_blob, blob)
-    except tensors.TensorError:  # string outputs: no .npy holds them without pickle
-        outputs = tensors.unpack(blob)
-        out["outputs"] = {name: tensors.encode(a, encoding=encoding) for name, a in outputs.items()}
-        return json_response(out, status_code)
-    headers = {
-        "Tffleet-Job": json.dumps(out, ensure_ascii=True, separators=(",", ":")),
-        "Content-Disposition": f'attachment; filename="{out["id"]}.npz"',
-    }
-    return Response(body, status_code=status_code, media_type=tensors.NPZ, headers=headers)
 
 
 @router.post(
     "/status",
     response_model=JobBatchOut,
     responses=error_responses(400, 404, 413, 415, 422, 503),
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/JobStatusQuery"}}
-            },
-        }
-    },
+    openapi_extra=openapi.STATUS,
 )
 async def status_many(request: Request, state: StateDep) -> Response:
     """Many jobs by id, in the order given; with `wait`, held until one of them ends."""
@@ -426,14 +208,9 @@ async def status_many(request: Request, state: StateDep) -> Response:
 @router.post(
     "/{job_id}/cancel", response_model=JobOut, responses=error_responses(404, 409, 422, 503)
 )
-async def cancel(
-    job_id: Annotated[str, Path(max_length=JOB_ID_MAX_LENGTH)], request: Request, state: StateDep
-) -> Response:
+async def cancel(job_id: JobId, request: Request, state: StateDep) -> Response:
     """Cancel a queued or running job (409 if it already finished)."""
     caller = await state.auth(request)
-
-    if "\x00" in job_id:  # no job has one, and PostgreSQL refuses NUL in a query
-        raise JobNotFound(f"job {job_id!r} not found")
 
     def run() -> dict[str, Any]:
         with state.sessions.begin() as session:
@@ -447,18 +224,14 @@ async def cancel(
     "/{job_id}/retry",
     response_model=JobOut,
     responses=error_responses(404, 409, 410, 422, 429, 503),
-    openapi_extra={"parameters": [_CANCEL_AFTER_PARAMETER]},
+    openapi_extra=openapi.RETRY,
 )
-async def retry(
-    job_id: Annotated[str, Path(max_length=JOB_ID_MAX_LENGTH)], request: Request, state: StateDep
-) -> Response:
+async def retry(job_id: JobId, request: Request, state: StateDep) -> Response:
     """Run a failed or canceled job again under its id: `queued`, its error and outputs cleared,
     a fresh attempt budget (`attempts` keeps counting). 409 for a queued, running or succeeded
     job; 410 if its inputs are no longer stored. `Cancel-After` gives it a new deadline."""
     caller = await state.auth(request)
     deadline = cancel_after_s(request.headers.get("cancel-after"))
-    if "\x00" in job_id:  # no job has one, and PostgreSQL refuses NUL in a query
-        raise JobNotFound(f"job {job_id!r} not found")
     limits = await state.admission.limits(caller.tenant)
     await state.admission.admit(1, tenant=caller.tenant, limits=limits)
 
@@ -484,14 +257,10 @@ async def retry(
 
 
 @router.delete("/{job_id}", status_code=204, responses=error_responses(404, 409, 422, 503))
-async def delete_job(
-    job_id: Annotated[str, Path(max_length=JOB_ID_MAX_LENGTH)], request: Request, state: StateDep
-) -> Response:
+async def delete_job(job_id: JobId, request: Request, state: StateDep) -> Response:
     """Delete an ended job now, with its inputs and outputs (204). 409 while it is queued or
     running: cancel it first."""
     caller = await state.auth(request)
-    if "\x00" in job_id:
-        raise JobNotFound(f"job {job_id!r} not found")
 
     def run() -> None:
         with state.sessions.begin() as session:

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tritonclient.http import InferInput, InferRequestedOutput, InferResult
 from tritonclient.http._utils import _get_inference_request
 
-from api import oip
+from api.protocols.oip import binary as oip_binary
 from db import registry
 from db.models import Job, PresenceState
 from tests.api.conftest import (
@@ -387,7 +387,7 @@ async def test_bytes_elements_are_read_by_their_lengths_and_a_cut_one_is_refused
 async def test_an_input_of_too_many_bytes_elements_is_413_before_they_are_read(
     api: Api, sessions: Sessions, oip_models: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(oip, "MAX_STRING_ELEMENTS", 3)
+    monkeypatch.setattr(oip_binary, "MAX_STRING_ELEMENTS", 3)
     data = struct.pack("<I", 0) * 4
     body, headers = _binary_body(
         {"inputs": [{"name": "text", "shape": [4], "datatype": "BYTES",

@@ -43,6 +43,30 @@ async def test_an_id_far_longer_than_any_job_id_is_422_not_a_query(api: Api) -> 
         assert "64" in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/jobs/{}"),
+        ("GET", "/v1/jobs/{}/events"),
+        ("POST", "/v1/jobs/{}/cancel"),
+        ("POST", "/v1/jobs/{}/retry"),
+        ("DELETE", "/v1/jobs/{}"),
+        ("GET", "/v1/console/jobs/{}"),
+    ],
+)
+async def test_an_id_holding_nul_is_404_on_every_route_that_takes_one(
+    api: Api, method: str, path: str
+) -> None:
+    # No job's id holds NUL, and PostgreSQL refuses it in a query: not found, as any unknown id.
+    response = await api.client.request(method, path.format("a%00b"))
+
+    assert response.status_code == 404, response.text
+    assert response.json()["error"] == {
+        "code": "job_not_found",
+        "message": "job 'a\\x00b' not found",
+    }
+
+
 @pytest.mark.parametrize("samples", [2**40, 2**31])
 async def test_an_empty_envelope_claiming_huge_batches_is_422_not_a_stored_job(
     api: Api, sessions: Sessions, samples: int

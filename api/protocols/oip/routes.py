@@ -19,8 +19,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 import tffleet
-from api import facade, oip
 from api.body import INLINE_BYTES, read_bytes
+from api.protocols import facade
+from api.protocols.oip import codec, metadata
 from api.routes.health import readiness
 from api.schemas import json_response
 from api.state import get_state
@@ -55,7 +56,7 @@ async def ready(request: Request) -> Response:
 async def server_metadata() -> Response:
     """The server's name, version and protocol extensions."""
     return json_response(
-        {"name": "tffleet", "version": tffleet.__version__, "extensions": oip.EXTENSIONS}
+        {"name": "tffleet", "version": tffleet.__version__, "extensions": metadata.EXTENSIONS}
     )
 
 
@@ -135,7 +136,7 @@ async def _described(
                 )
                 versions = registry.versions_of(session=session, name=model, live_since=since)
             if config:
-                return oip.model_config(
+                return metadata.model_config(
                     name=found.name,
                     format=found.format,
                     max_batch_size=int(
@@ -144,7 +145,7 @@ async def _described(
                     inputs=found.inputs,
                     outputs=found.outputs,
                 )
-            return oip.model_metadata(
+            return metadata.model_metadata(
                 name=found.name,
                 versions=[m.version for m, _ in versions if m.retired_at is None],
                 format=found.format,
@@ -167,14 +168,16 @@ async def repository_index(request: Request) -> Response:
     try:
         await state.auth(request)
         body = await read_bytes(request, max_bytes=state.settings.max_body_bytes)
-        ready_only = oip.read_index_request(body)
+        ready_only = metadata.read_index_request(body)
 
         def read() -> list[dict[str, Any]]:
             with state.reads() as session:
                 since = presence.live_since(state.settings.model_poll_s, clock.now(session))
                 found = registry.overview(session=session, live_since=since)
             index = [
-                oip.index_entry(v.model.name, v.model.version, served=v.served, retired=v.retired)
+                metadata.index_entry(
+                    v.model.name, v.model.version, served=v.served, retired=v.retired
+                )
                 for v in found.versions
             ]
             return [e for e in index if e["state"] == "READY"] if ready_only else index
@@ -211,14 +214,14 @@ async def _infer(request: Request, name: str, version_text: str | None) -> Respo
                 f"Content-Encoding: {encoding!r} is not accepted; send the body uncompressed"
             )
         body = await read_bytes(request, max_bytes=settings.max_body_bytes)
-        header, binary = oip.split_body(body, request.headers.get(oip.HEADER_LENGTH))
-        parsed_json = oip.read_header(header, max_items=settings.max_json_items)
+        header, binary = codec.split_body(body, request.headers.get(codec.HEADER_LENGTH))
+        parsed_json = codec.read_header(header, max_items=settings.max_json_items)
         signature = state.signatures.cached(model, version)
         if signature is None:
             signature = await run_in_threadpool(state.signatures.resolve, model, version)
 
-        def read() -> oip.InferRequest:
-            return oip.read_infer(
+        def read() -> codec.InferRequest:
+            return codec.read_infer(
                 parsed_json,
                 binary,
                 model=model,
@@ -241,7 +244,7 @@ async def _infer(request: Request, name: str, version_text: str | None) -> Respo
             wait_s=wait_s,
             inline=small,
         )
-        head, data = oip.infer_answer(
+        head, data = codec.infer_answer(
             model=answer.model,
             version=answer.version,
             request=parsed,
@@ -255,5 +258,5 @@ async def _infer(request: Request, name: str, version_text: str | None) -> Respo
     return Response(
         b"".join([head, *data]),
         media_type="application/octet-stream",
-        headers={oip.HEADER_LENGTH: str(len(head))},
+        headers={codec.HEADER_LENGTH: str(len(head))},
     )

@@ -14,8 +14,9 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from api import facade, tfserving
 from api.body import INLINE_BYTES, read_json
+from api.protocols import facade
+from api.protocols.tfserving import codec
 from api.schemas import json_response
 from api.state import AppState, get_state
 from db import clock, presence, registry
@@ -57,17 +58,17 @@ async def _predict(request: Request, name: str, version_text: str | None) -> Res
         signature = state.signatures.cached(model, version)
         if signature is None:
             signature = await run_in_threadpool(state.signatures.resolve, model, version)
-        parsed = tfserving.read_predict(
+        parsed = codec.read_predict(
             body,
             input_names=sorted(signature["inputs"]),
-            signature=signature["config"].get("signature", tfserving.DEFAULT_SIGNATURE),
+            signature=signature["config"].get("signature", codec.DEFAULT_SIGNATURE),
         )
         declared = request.headers.get("content-length", "")
         answer = await facade.run_job(
             state, caller, model=model, version=version, inputs=parsed.inputs,
             inline=declared.isdigit() and int(declared) <= INLINE_BYTES,
         )  # fmt: skip
-        return json_response(tfserving.predict_answer(answer.outputs, parsed.format))
+        return json_response(codec.predict_answer(answer.outputs, parsed.format))
     except TffleetError as exc:
         return facade.rejected(exc)
 
@@ -94,7 +95,7 @@ async def _status(request: Request, name: str, version_text: str | None) -> Resp
         def read() -> list[dict[str, Any]]:
             found = facade.versions(state, model)
             states = [
-                tfserving.version_status(m.version, _state(m.retired_at is not None, loaded))
+                codec.version_status(m.version, _state(m.retired_at is not None, loaded))
                 for m, loaded in found
                 if version is None or m.version == version
             ]
@@ -138,10 +139,10 @@ def _read_metadata(state: AppState, name: str, version: int | None) -> dict[str,
     with state.reads() as session:
         since = presence.live_since(state.settings.model_poll_s, clock.now(session))
         found = registry.resolve(session=session, name=name, version=version, live_since=since)
-        return tfserving.metadata(
+        return codec.metadata(
             name=found.name,
             version=found.version,
-            signature=(found.config or {}).get("signature", tfserving.DEFAULT_SIGNATURE),
+            signature=(found.config or {}).get("signature", codec.DEFAULT_SIGNATURE),
             inputs=found.inputs,
             outputs=found.outputs,
         )

@@ -1,8 +1,9 @@
-"""The Open Inference Protocol's HTTP/REST shapes (KServe's "v2", Triton's HTTP API): an infer
-request (JSON tensors, or the binary tensor data extension) read into a job's arrays, a job's
-outputs written as an infer response, and server and model metadata.
+"""The Open Inference Protocol's infer shapes (KServe's "v2", Triton's HTTP API): an infer
+request (JSON tensors, or the binary tensor data extension) read into a job's arrays, and a
+job's outputs written as an infer response. The binary data's bytes are `binary.py`'s, server
+and model metadata `metadata.py`'s (beside this file).
 
-Pure functions: the routes (api/routes/oip.py) do the waiting and the answering.
+Pure functions: the routes (api/protocols/oip/routes.py) do the waiting and the answering.
 
     request body   JSON header [+ binary tensor data]; the header's length in
                    `Inference-Header-Content-Length` when binary data follows
@@ -15,19 +16,18 @@ Pure functions: the routes (api/routes/oip.py) do the waiting and the answering.
 from __future__ import annotations
 
 import math
-import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
 
+from api.protocols.oip.binary import from_binary, numpy_dtype, to_binary
 from tffleet import tensors
 from tffleet.errors import InvalidInput, InvalidRequest, PayloadTooLarge
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 # The protocol's datatypes and the signature dtypes they are. BF16 has no NumPy dtype here.
 DATATYPES = {
@@ -47,15 +47,7 @@ DATATYPES = {
 }
 DATATYPE_OF = {dtype: datatype for datatype, dtype in DATATYPES.items()}
 
-# A model's format as the registry has it, and the platform name Triton gives such a model.
-PLATFORMS = {
-    "saved_model": "tensorflow_savedmodel",
-    "frozen_graph": "tensorflow_graphdef",
-    "keras": "tensorflow_keras",
-}
-
 _MAX_RANK = 32
-_LENGTH = struct.Struct("<I")
 _INPUT_KEYS = {"name", "shape", "datatype", "parameters", "data"}
 _REQUEST_KEYS = {"id", "parameters", "inputs", "outputs"}
 # Parameters of extensions tffleet does not serve: a request that needs one is refused, not
@@ -236,7 +228,7 @@ def _input(
                 f"{where}.parameters.binary_data_size: {size} bytes, but only {len(binary)} "
                 "bytes of binary data are left in the body"
             )
-        array = _from_binary(binary[:size], dtype, count, f"{where}")
+        array = from_binary(binary[:size], dtype, count, f"{where}")
         used = size
     return name, array.reshape(shape), used
 
@@ -255,60 +247,12 @@ def _from_json(data: Any, dtype: str, count: int, where: str) -> np.ndarray:
     if not isinstance(data, list):
         data = [data]
     try:
-        array = tensors.decode(data, dtype=dtype) if data else np.empty(0, _numpy(dtype))
+        array = tensors.decode(data, dtype=dtype) if data else np.empty(0, numpy_dtype(dtype))
     except tensors.TensorError as exc:
         raise InvalidInput(f"{where}: {exc}") from None
     if array.size != count:
         raise InvalidInput(f"{where}: {array.size} elements, the shape holds {count}")
     return array.reshape(-1)
-
-
-def _from_binary(data: memoryview, dtype: str, count: int, where: str) -> np.ndarray:
-    if dtype == tensors.STRING:
-        return _strings(data, count, where)
-    element = np.dtype(_numpy(dtype)).newbyteorder("<")
-    if len(data) != count * element.itemsize:
-        raise InvalidRequest(
-            f"{where}.parameters.binary_data_size: {len(data)} bytes, the shape holds {count} "
-            f"elements of {element.itemsize} bytes ({count * element.itemsize})"
-        )
-    array = np.frombuffer(data, dtype=element)
-    if dtype == "bool" and array.size and array.view(np.uint8).max() > 1:
-        raise InvalidInput(f"{where}: a BOOL element's byte must be 0 or 1")
-    return array.astype(element.newbyteorder("="), copy=False)
-
-
-# BYTES elements one binary input may hold: each is read in Python, about 0.3 s per million
-# here, so a body of millions of empty strings would hold a thread for seconds.
-MAX_STRING_ELEMENTS = 250_000
-
-
-def _strings(data: memoryview, count: int, where: str) -> np.ndarray:
-    if count > MAX_STRING_ELEMENTS:
-        raise PayloadTooLarge(
-            f"{where}: {count} BYTES elements; an input holds at most {MAX_STRING_ELEMENTS} "
-            "(split the request)"
-        )
-    items: list[bytes] = []
-    at = 0
-    while at < len(data):
-        if at + 4 > len(data):
-            raise InvalidRequest(f"{where}: BYTES element {len(items)} has a cut length")
-        (length,) = _LENGTH.unpack_from(data, at)
-        at += 4
-        if at + length > len(data):
-            raise InvalidRequest(f"{where}: BYTES element {len(items)} runs past its data")
-        items.append(bytes(data[at : at + length]))
-        at += length
-    if len(items) != count:
-        raise InvalidInput(f"{where}: {len(items)} BYTES elements, the shape holds {count}")
-    array = np.empty(count, dtype=object)
-    array[:] = items
-    return array
-
-
-def _numpy(dtype: str) -> str:
-    return "object" if dtype == tensors.STRING else dtype
 
 
 def _requested(
@@ -368,7 +312,7 @@ def infer_answer(
             "shape": list(array.shape),
         }
         if wanted.binary:
-            raw = _binary(array)
+            raw = to_binary(array)
             tensor["parameters"] = {"binary_data_size": len(raw)}
             data.append(raw)
         else:
@@ -380,14 +324,6 @@ def infer_answer(
     answer["parameters"] = {"tffleet_job_id": job_id}
     answer["outputs"] = written
     return orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY), data
-
-
-def _binary(array: np.ndarray) -> bytes:
-    if tensors.is_string(array):
-        items = tensors.as_bytes(array).reshape(-1)
-        return b"".join(_LENGTH.pack(len(item)) + item for item in items)
-    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
-    return np.ascontiguousarray(little).tobytes()
 
 
 def _json_data(array: np.ndarray, name: str) -> Any:
@@ -407,79 +343,3 @@ def _json_type(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
         type(value), "a number" if isinstance(value, int | float) else "null"
     )
-
-
-def read_index_request(body: bytes) -> bool:
-    """Whether a repository index request asks for the ready models only (`{"ready": true}`);
-    an empty body asks for all."""
-    if not body.strip():
-        return False
-    parsed = read_header(body, max_items=16)
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("ready", False), bool):
-        raise InvalidRequest('body: expected {"ready": true or false}, or nothing')
-    return bool(parsed.get("ready", False))
-
-
-def index_entry(name: str, version: int, *, served: bool, retired: bool) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": name, "version": str(version)}
-    if served:
-        entry["state"] = "READY"
-    else:
-        entry["state"] = "UNAVAILABLE"
-        entry["reason"] = "retired" if retired else "no live worker holds it"
-    return entry
-
-
-def tensor_metadata(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-    shape = spec.get("shape")
-    return {
-        "name": name,
-        "datatype": DATATYPE_OF.get(spec["dtype"], spec["dtype"].upper()),
-        "shape": [] if shape is None else [-1 if d is None else int(d) for d in shape],
-    }
-
-
-def model_metadata(
-    *,
-    name: str,
-    versions: Sequence[int],
-    format: str,
-    inputs: Mapping[str, Any],
-    outputs: Mapping[str, Any],
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "versions": [str(v) for v in versions],
-        "platform": PLATFORMS.get(format, format),
-        "inputs": [tensor_metadata(k, spec) for k, spec in sorted(inputs.items())],
-        "outputs": [tensor_metadata(k, spec) for k, spec in sorted(outputs.items())],
-    }
-
-
-def model_config(
-    *,
-    name: str,
-    format: str,
-    max_batch_size: int,
-    inputs: Mapping[str, Any],
-    outputs: Mapping[str, Any],
-) -> dict[str, Any]:
-    """Triton's model configuration (its `model_configuration` extension), as far as tffleet
-    has one: the batch dimension is implicit (`max_batch_size`), so `dims` leave it out."""
-
-    def tensor(key: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-        meta = tensor_metadata(key, spec)
-        datatype = _CONFIG_TYPE.get(meta["datatype"], meta["datatype"])
-        return {"name": key, "data_type": f"TYPE_{datatype}", "dims": meta["shape"][1:]}
-
-    return {
-        "name": name,
-        "platform": PLATFORMS.get(format, format),
-        "max_batch_size": max_batch_size,
-        "input": [tensor(k, spec) for k, spec in sorted(inputs.items())],
-        "output": [tensor(k, spec) for k, spec in sorted(outputs.items())],
-    }
-
-
-# Triton's config names a datatype as TYPE_<name>, BYTES as TYPE_STRING.
-_CONFIG_TYPE = {"BYTES": "STRING"}

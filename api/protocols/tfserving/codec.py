@@ -2,7 +2,7 @@
 job's inputs, a job's outputs written as `predictions` or `outputs`, and a model's status and
 metadata as `GetModelStatusResponse` and `GetModelMetadataResponse` are written in JSON.
 
-Pure functions: the routes (api/routes/tfserving.py) do the waiting and the answering.
+Pure functions: the routes (api/protocols/tfserving/routes.py) do the waiting and the answering.
 """
 
 from __future__ import annotations
