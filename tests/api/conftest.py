@@ -1,7 +1,9 @@
 """The real app in-process (lifespan included) on a real database and a real Redis.
 
-Every test here runs twice, on SQLite and on PostgreSQL (through `db_url`). No worker runs:
-a test that needs a finished job plays the worker itself through `db.jobs` (`finish_job`).
+On SQLite (`db_url`); the tests of a path that differs by dialect (an insert that may conflict,
+the reads of the console, standing and backlog) are marked `both_databases` and run on
+PostgreSQL too. No worker runs: a test that needs a finished job plays the worker itself through
+`db.jobs` (`finish_job`).
 
 The client is httpx over ASGITransport with the lifespan entered by hand, not Starlette's
 TestClient: Starlette 1.x warns when TestClient runs on `httpx`, and warnings are errors here.

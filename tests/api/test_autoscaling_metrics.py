@@ -111,6 +111,7 @@ async def test_every_registered_model_is_there_with_zeros_when_idle(api: Api) ->
         assert of(scraped, model) == dict.fromkeys(GAUGES, 0.0), model
 
 
+@pytest.mark.both_databases
 async def test_queued_and_running_jobs_are_counted_per_model(api: Api, sessions: Sessions) -> None:
     mlp = add_jobs(sessions, 5, model="mlp", version=1) + add_jobs(sessions, 2, version=2)
     start(sessions, mlp[:3])
@@ -137,6 +138,7 @@ async def test_a_model_with_jobs_but_no_registered_version_is_there(
     assert scraped["tffleet_jobs_queued"]["gone"] == 2
 
 
+@pytest.mark.both_databases
 async def test_oldest_queued_age_is_the_oldest_queued_jobs_by_the_database_clock(
     api: Api, sessions: Sessions
 ) -> None:
@@ -152,6 +154,7 @@ async def test_oldest_queued_age_is_the_oldest_queued_jobs_by_the_database_clock
     assert scraped["tffleet_oldest_queued_age_seconds"]["pair"] == 0
 
 
+@pytest.mark.both_databases
 async def test_ready_children_are_distinct_live_children_loaded_or_draining(
     api: Api, sessions: Sessions
 ) -> None:
@@ -168,6 +171,7 @@ async def test_ready_children_are_distinct_live_children_loaded_or_draining(
     assert scraped["tffleet_ready_children"] == {"mlp": 2, "pair": 1, "count": 0}
 
 
+@pytest.mark.both_databases
 async def test_backlog_per_child_divides_queued_and_running_by_ready_children(
     api: Api, sessions: Sessions
 ) -> None:
@@ -290,6 +294,7 @@ def test_a_burst_of_concurrent_scrapes_costs_one_round_of_queries(
     assert len(job_reads) == 1
 
 
+@pytest.mark.both_databases
 def test_an_age_is_never_negative(sessions: Sessions) -> None:
     # The collector reads `db.clock.now`: an age is never negative, even for a job stamped
     # a moment ahead of this host's clock.

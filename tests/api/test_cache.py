@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import registry
 from tests.api.conftest import SIGNATURES, OpenApi, Publication, finish_job, read_job
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_databases]
 
 Sessions = sessionmaker[Session]
 

@@ -110,6 +110,7 @@ async def list_all(client: httpx.AsyncClient, **params: Any) -> list[list[str]]:
         assert len(pages) < 20, "pagination does not end"
 
 
+@pytest.mark.both_databases
 async def test_list_pages_through_every_job_newest_first(client: httpx.AsyncClient) -> None:
     submitted = [await submit(client) for _ in range(7)]
 

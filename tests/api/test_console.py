@@ -16,7 +16,7 @@ from db.models import JobErrorCode, PresenceState
 from tests.api.conftest import Api, finish_job
 from tests.api.test_models import report
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_databases]
 
 Sessions = sessionmaker[Session]
 

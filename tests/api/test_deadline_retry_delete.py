@@ -269,6 +269,7 @@ async def test_delete_of_a_queued_or_running_job_is_409_until_it_is_canceled(
     assert deleted.status_code == 204
 
 
+@pytest.mark.both_databases
 async def test_a_deleted_jobs_idempotency_key_makes_a_new_job(client: httpx.AsyncClient) -> None:
     first = (await submit(client, **{"Idempotency-Key": "k2"}))["id"]
     await client.post(f"/v1/jobs/{first}/cancel")

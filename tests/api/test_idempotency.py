@@ -45,6 +45,7 @@ def published_ids(broker: redis.Redis) -> list[str]:
 # The same request again
 
 
+@pytest.mark.both_databases
 async def test_the_same_key_and_body_again_is_the_same_job_stored_and_published_once(
     client: httpx.AsyncClient, sessions: Sessions, broker: redis.Redis
 ) -> None:
@@ -107,6 +108,7 @@ async def test_different_keys_are_different_jobs(
 # The same key for a different request
 
 
+@pytest.mark.both_databases
 @pytest.mark.parametrize(
     "other",
     [
@@ -166,6 +168,7 @@ async def test_a_malformed_key_is_400_and_stores_nothing(
 # Races: many requests with one key at once
 
 
+@pytest.mark.both_databases
 async def test_eight_parallel_submits_with_one_key_make_exactly_one_job(
     publications: list[Publication],
     client: httpx.AsyncClient,
@@ -199,6 +202,7 @@ async def test_parallel_submits_through_two_api_processes_make_exactly_one_job(
     assert published_ids(broker) == [job_id]
 
 
+@pytest.mark.both_databases
 async def test_a_conflict_does_not_fail_the_submits_coalesced_with_it(
     client: httpx.AsyncClient, sessions: Sessions
 ) -> None:
@@ -217,6 +221,7 @@ async def test_a_conflict_does_not_fail_the_submits_coalesced_with_it(
     assert count_jobs(sessions) == 1 + 6 + 1
 
 
+@pytest.mark.both_databases
 def test_one_transaction_stores_new_keys_replays_known_ones_and_refuses_reused_ones(
     sessions: Sessions,
 ) -> None:
@@ -261,6 +266,7 @@ def test_one_transaction_stores_new_keys_replays_known_ones_and_refuses_reused_o
 BULK = {"jobs": [BODY, {"model": "mlp", "inputs": [[5, 6, 7, 8]]}]}
 
 
+@pytest.mark.both_databases
 async def test_a_bulk_request_sent_again_with_its_key_gets_the_same_jobs(
     client: httpx.AsyncClient, sessions: Sessions, broker: redis.Redis
 ) -> None:
@@ -275,6 +281,7 @@ async def test_a_bulk_request_sent_again_with_its_key_gets_the_same_jobs(
     assert published_ids(broker) == ids
 
 
+@pytest.mark.both_databases
 @pytest.mark.parametrize(
     "other",
     [

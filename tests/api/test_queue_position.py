@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import jobs
 from tests.api.conftest import Api, finish_job
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.both_databases]
 
 Sessions = sessionmaker[Session]
 

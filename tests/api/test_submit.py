@@ -197,6 +197,7 @@ async def test_a_submit_with_the_broker_down_is_still_accepted_and_stays_queued(
     assert stale == {("mlp", 2): [job_id]}
 
 
+@pytest.mark.both_databases
 async def test_concurrent_submissions_are_each_stored_and_published_once(
     publications: list[Publication],
     client: httpx.AsyncClient,
@@ -220,6 +221,7 @@ async def test_concurrent_submissions_are_each_stored_and_published_once(
 # Many jobs in one request (an extension of the contract)
 
 
+@pytest.mark.both_databases
 async def test_a_batch_of_jobs_is_stored_and_published_together(
     publications: list[Publication], client: httpx.AsyncClient, broker: redis.Redis
 ) -> None:

@@ -134,6 +134,7 @@ async def test_the_webhook_is_part_of_the_idempotency_hash_only_when_given(api: 
     assert request_hash([job]) == before
 
 
+@pytest.mark.both_databases
 async def test_the_webhook_secret_is_the_callers_tenants(api: Api) -> None:
     admin = await api.client.get("/v1/webhooks/secret")
     assert admin.status_code == 200

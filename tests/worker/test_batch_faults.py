@@ -1,5 +1,5 @@
 """The batcher when things go wrong: a batch past its time limit, a job lost before, a database
-error mid-batch. A fake model (a NumPy function), on SQLite and on PostgreSQL."""
+error mid-batch. A fake model (a NumPy function), on SQLite."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Cross-job batching with a fake model (a NumPy function), on SQLite and on PostgreSQL."""
+"""Cross-job batching with a fake model (a NumPy function), on SQLite; the tests that lean on the
+claim's order and locks on PostgreSQL too (`both_databases`)."""
 
 from __future__ import annotations
 
@@ -241,6 +242,7 @@ def test_jobs_that_together_exceed_max_batch_size_are_chunked_and_split_back(
 # top-up
 
 
+@pytest.mark.both_databases
 def test_top_up_takes_queued_jobs_of_the_same_model_version_by_priority_then_age(
     sessions: Sessions, batch: BatchRun
 ) -> None:
@@ -372,6 +374,7 @@ def test_a_message_naming_more_jobs_than_max_batch_size_runs_them_in_batches(
     assert batch.notified == [named[0:2], named[2:4], named[4:5]]
 
 
+@pytest.mark.both_databases
 def test_a_message_is_a_hint_another_tenants_later_job_runs_in_its_first_batch(
     sessions: Sessions, batch: BatchRun
 ) -> None:
@@ -459,6 +462,7 @@ def test_a_message_whose_jobs_went_elsewhere_wakes_a_child_for_the_backlog_besid
 # claims
 
 
+@pytest.mark.both_databases
 def test_jobs_claimed_by_someone_else_are_skipped(sessions: Sessions, batch: BatchRun) -> None:
     mine, theirs = samples(2, seed=0), samples(3, seed=1)
     mine_id, theirs_id = submit(sessions, mine), submit(sessions, theirs)

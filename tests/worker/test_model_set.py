@@ -2,7 +2,7 @@
 drain, unload; and what a child does with a message for a version it does not hold.
 
 A plain class stands in for TensorFlow (the real path is in tests/e2e/test_versions.py); the
-database is real, on both backends.
+database is real (SQLite: what is tested here is the child's, not SQL).
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ from tests.db.conftest import MakeJobs, make_jobs
 __all__ = ["make_jobs"]  # a fixture, shared with tests/db
 from worker.orphans import OrphanWatcher, own_children, owner_prefix
 
+pytestmark = pytest.mark.both_databases
+
 Sessions = sessionmaker[Session]
 
 

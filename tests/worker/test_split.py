@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -19,6 +20,8 @@ from tests.worker.test_batching import POISON, FakeRunner, model_fn, policy, rea
 from tffleet import tensors
 from tffleet.announcements import EndedJob
 from worker.batching import Batcher
+
+pytestmark = pytest.mark.both_databases
 
 Sessions = sessionmaker[Session]
 

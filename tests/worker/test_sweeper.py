@@ -25,6 +25,8 @@ from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
 from worker.sweeper import Sweeper
 
+pytestmark = pytest.mark.both_databases
+
 Sessions = sessionmaker[Session]
 DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 

@@ -23,6 +23,8 @@ from tffleet import tensors
 from tffleet.settings import Settings
 from worker.webhooks import Deliverer, backoff_s
 
+pytestmark = pytest.mark.both_databases
+
 Sessions = sessionmaker[Session]
 BOTH = webhooks.bits(["start", "completed"])
 OUT = {"y": np.array([[0.5, -1.25]], dtype=np.float32)}
