@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint typecheck check clean docs docs-build
+.PHONY: run test test-fast lint typecheck check clean docs docs-build
 
 $(BIN)/tffleet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ run: $(BIN)/tffleet
 
 test: $(BIN)/tffleet
 	$(BIN)/python -m pytest
+
+# The unit tests: no TensorFlow, no process started (the tests marked slow are left out).
+test-fast: $(BIN)/tffleet
+	$(BIN)/python -m pytest -m 'not slow'
 
 lint: $(BIN)/tffleet
 	$(BIN)/ruff check .

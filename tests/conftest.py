@@ -26,7 +26,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -160,6 +160,22 @@ def _truncate(engine: Engine) -> None:
         conn.execute(text("DELETE FROM model_presence"))
         conn.execute(text("DELETE FROM api_keys"))
         conn.execute(text("DELETE FROM tenants WHERE name <> 'default'"))
+
+
+def mark_each_module(mark: pytest.MarkDecorator) -> Callable[..., Generator[None, object, object]]:
+    """A `pytest_pycollect_makemodule` that puts `mark` on each module of the conftest's folder
+    (a `pytestmark` in a conftest.py marks nothing)."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pycollect_makemodule(
+        module_path: Path, parent: pytest.Collector
+    ) -> Generator[None, object, object]:
+        module = yield
+        if isinstance(module, pytest.Module):
+            module.add_marker(mark)
+        return module
+
+    return pytest_pycollect_makemodule
 
 
 DATABASES = ("sqlite", "postgres")

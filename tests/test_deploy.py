@@ -287,6 +287,7 @@ def test_compose_waits_out_the_workers_drain_before_sigkill() -> None:
 # Compose
 
 
+@pytest.mark.slow  # starts a process
 def test_the_compose_file_follows_the_compose_specification() -> None:
     checked = check_compose_schema(COMPOSE)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -308,6 +309,7 @@ _BREAKAGES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
 }
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("breakage", sorted(_BREAKAGES))
 def test_the_schema_check_refuses_a_broken_copy_of_the_compose_file(
     tmp_path: Path, breakage: str

@@ -28,6 +28,7 @@ def test_the_settings_of_a_running_up_are_found(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow  # starts a process
 def test_a_file_left_by_an_up_that_was_killed_is_ignored(tmp_path: Path) -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

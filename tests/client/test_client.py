@@ -464,6 +464,7 @@ def test_the_client_knows_the_same_finished_statuses_as_the_database() -> None:
     assert {status.value for status in FINISHED} == CLIENT_FINISHED
 
 
+@pytest.mark.slow  # starts a process
 def test_importing_tffleet_stays_cheap() -> None:
     code = (
         "import sys, tffleet\n"

@@ -7,26 +7,19 @@ module of this folder is marked `both_databases` (tests/conftest.py) as it is co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs, tenants
 from db.models import DEFAULT_TENANT, Job
+from tests.conftest import mark_each_module
 
 MakeJobs = Callable[..., list[str]]
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_pycollect_makemodule(
-    module_path: Path, parent: pytest.Collector
-) -> Generator[None, object, object]:
-    module = yield
-    if isinstance(module, pytest.Module):
-        module.add_marker(pytest.mark.both_databases)
-    return module
+pytest_pycollect_makemodule = mark_each_module(pytest.mark.both_databases)
 
 
 def read(sessions: sessionmaker[Session], job_id: str) -> Job:

@@ -19,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 pytest.importorskip("mkdocs", reason="the docs tools are in the dev extra")
+pytestmark = pytest.mark.slow  # the pages are made in a process of their own
 
 
 def _hook() -> ModuleType:

@@ -20,10 +20,12 @@ from sqlalchemy import text
 from db import tenants
 from db.engine import make_engine, make_sessionmaker
 from db.models import DEFAULT_TENANT
+from tests.conftest import mark_each_module
 from tests.services import PrivateRedis
 from tffleet.cli.process_group import free_port
 
-pytestmark = pytest.mark.slow
+# Every test here starts processes or TensorFlow.
+pytest_pycollect_makemodule = mark_each_module(pytest.mark.slow)
 
 
 @dataclass
@@ -174,13 +176,13 @@ def clean_database(url: str) -> None:
 def fleet_factory(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Fleet]]:
     fleets: list[Fleet] = []
 
-    def make(database_url: str, models: Path, **kwargs: object) -> Fleet:
+    def make(database_url: str, models: Path, **kwargs: Any) -> Fleet:
         logs = tmp_path / f"logs{len(fleets)}"
         logs.mkdir()
         broker_url = str(kwargs.pop("broker_url", redis_url))
         fleet = Fleet(
             database_url=database_url, broker_url=broker_url, models=models, logs=logs, **kwargs
-        )  # type: ignore[arg-type]
+        )
         fleets.append(fleet)
         return fleet
 

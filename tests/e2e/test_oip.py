@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
@@ -40,6 +39,8 @@ def tensor(name: str, array: np.ndarray, datatype: str, *, binary: bool = True) 
 def test_tritonclient_infers_on_the_real_worker_with_binary_and_json_tensors(
     fleet_factory: Any, sqlite_url: str, tmp_path: Path
 ) -> None:
+    import tensorflow as tf  # here, not at collection: `make test-fast` never starts TensorFlow
+
     models = tmp_path / "models"
     mixed = build_mixed(models)
     text = build_text(models)

@@ -27,10 +27,18 @@ from worker.pipeline import BatchPolicy, run_leases
 from worker.repository import ModelConfig, ModelSpec, scan
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-tf = pytest.importorskip("tensorflow")
-runtime = pytest.importorskip("worker.runtime")
-
 pytestmark = pytest.mark.slow
+
+tf: Any = None
+runtime: Any = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tensorflow() -> None:
+    """TensorFlow, imported once the first test here runs: collecting never starts it."""
+    global tf, runtime
+    tf = pytest.importorskip("tensorflow")
+    runtime = pytest.importorskip("worker.runtime")
 
 
 @pytest.fixture(scope="module")

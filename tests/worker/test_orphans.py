@@ -123,6 +123,7 @@ def test_a_hand_back_that_fails_is_tried_again_on_the_next_look(
     assert status(sessions, job_id)[0] == JobStatus.QUEUED.value
 
 
+@pytest.mark.slow  # starts a process
 def test_own_children_sees_a_child_come_and_go() -> None:
     before = own_children()
     assert before is not None  # Linux

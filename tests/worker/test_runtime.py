@@ -21,10 +21,18 @@ from worker.batching import Batcher, BatchPolicy
 from worker.repository import ModelConfig, ModelSpec
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-keras = pytest.importorskip("keras")
-runtime = pytest.importorskip("worker.runtime")  # imports TensorFlow
-
 pytestmark = pytest.mark.slow
+
+keras: Any = None
+runtime: Any = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tensorflow() -> None:
+    """TensorFlow, imported once the first test here runs: collecting never starts it."""
+    global keras, runtime
+    keras = pytest.importorskip("keras")
+    runtime = pytest.importorskip("worker.runtime")  # imports TensorFlow
 
 
 @dataclass(frozen=True)
