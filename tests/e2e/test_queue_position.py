@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from db.migrate import upgrade
-from tests.e2e.conftest import Fleet
-from tests.e2e.models import SLEEP_COLUMN, build_faulty
+from tests.e2e.conftest import SharedFleet
+from tests.e2e.models import SLEEP_COLUMN
 
 pytestmark = pytest.mark.slow
 
@@ -25,15 +22,9 @@ SLOW_S = 1.0
 
 
 def test_queue_position_counts_down_to_zero_as_the_jobs_ahead_run(
-    fleet_factory: Any, tmp_path: Path
+    shared_fleet: SharedFleet,
 ) -> None:
-    database_url = f"sqlite:///{tmp_path / 'position.db'}"
-    upgrade(database_url)
-    build_faulty(tmp_path / "models", name="slow")
-    (tmp_path / "models" / "slow" / "model.toml").write_text("max_batch_size = 1\n")
-    fleet: Fleet = fleet_factory(database_url, tmp_path / "models", devices="cpu:1")
-    fleet.start_api()
-    fleet.start_worker()
+    fleet = shared_fleet.fleet  # its model `slow` says `max_batch_size = 1`; no other test uses it
     x = np.zeros((1, 4), np.float32)
     x[0, SLEEP_COLUMN] = SLOW_S
     job = {"model": "slow", "inputs": {"x": x.tolist()}}

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import Fleet
-from tests.e2e.models import build_mlp
+from tests.e2e.conftest import SharedFleet
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_tf_serving_predict_is_answered_with_the_models_own_outputs(
-    fleet_factory, sqlite_url: str, tmp_path: Path
+    shared_fleet: SharedFleet,
 ) -> None:
-    model = build_mlp(tmp_path / "models")
-    fleet: Fleet = fleet_factory(sqlite_url, tmp_path / "models", devices="cpu:1")
-    fleet.start_api()
-    fleet.start_worker()
+    fleet, model = shared_fleet.fleet, shared_fleet.built["mlp"]
     x = np.random.default_rng(3).normal(size=(3, 8)).astype(np.float32)
 
     with fleet.http(timeout=60) as client:
