@@ -8,12 +8,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +27,6 @@ from sqlalchemy import select
 
 from db import jobs, registry, tenants
 from db.engine import make_engine, make_sessionmaker
-from db.migrate import upgrade
 from db.models import DEFAULT_TENANT, Job, JobErrorCode
 from tffleet import Retries, tensors
 from tffleet.cli.process_group import free_port
@@ -157,11 +158,13 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[Served]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: str, sqlite_template: Path
+) -> Iterator[Served]:
     """`tffleet api` on a free port, on its own SQLite file and the test run's Redis database."""
     path = tmp_path_factory.mktemp("served")
+    shutil.copyfile(sqlite_template, path / "tffleet.db")  # migrated (tests/conftest.py)
     database_url = f"sqlite:///{path / 'tffleet.db'}"
-    upgrade(database_url)
     api_key = register_models(database_url)
     port = free_port()
     env = {
