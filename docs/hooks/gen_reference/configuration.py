@@ -125,6 +125,18 @@ def facts(cls: Any, entry: Entry) -> str:
     return " · ".join(out) + "."
 
 
+def _first_sentence(words: str, longest: int = 140) -> str:
+    """The words' first sentence for the summary table; a long one up to its first clause, with
+    an ellipsis. Never cut inside a code span."""
+    marks = re.finditer(r"[.;:](?=\s|$)", words)
+    ends = [m for m in marks if not words[: m.start()].count("`") % 2]
+    sentence = next((m.end() for m in ends if m.group() == "."), len(words))
+    if sentence <= longest:
+        return words[:sentence]
+    clause = next((m.start() for m in ends if m.group() in ";:"), None)
+    return words[:clause] + " …" if clause is not None and clause < sentence else words[:sentence]
+
+
 def _env_value(value: object) -> str:
     """A value as it would be written in the environment."""
     if value is None:
@@ -151,14 +163,17 @@ def other_variables(cls: Any, root: Path) -> dict[str, list[str]]:
 def render() -> str:
     cls = settings_class()
     found = entries(cls)
-    rows = []
+    rows, words_of = [], dict[int, str]()
     for e in found:
         info = cls.model_fields[e.name]
         default = "" if info.is_required() else code(_env_value(info.default))
-        rows.append([f"[{code(e.variable)}](#{anchor(e.variable)})", code(e.annotation), default])
+        gist = _first_sentence(words_of.setdefault(e.group, e.words))
+        rows.append(
+            [f"[{code(e.variable)}](#{anchor(e.variable)})", code(e.annotation), default, gist]
+        )
     out = [
         f"# Configuration\n\n{INTRO}",
-        table(["Variable", "Type", "Default"], rows),
+        table(["Variable", "Type", "Default", "What it is"], rows),
         "## Settings",
     ]
     first_of: dict[int, Entry] = {}
