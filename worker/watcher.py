@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import redis
 
@@ -19,6 +20,9 @@ from tffleet.constants import MODELS_RELOAD_CHANNEL
 from worker.model_set import ModelSet
 
 log = logging.getLogger(__name__)
+
+# How long the rescan thread blocks on the reload channel before it looks at its stop flag.
+LISTEN_SLICE_S = 0.2
 
 
 class Watcher:
@@ -56,7 +60,7 @@ class Watcher:
                         self._broker_url, socket_connect_timeout=5
                     ).pubsub(ignore_subscribe_messages=True)
                     channel.subscribe(MODELS_RELOAD_CHANNEL)
-                asked = channel.get_message(timeout=poll_s) is not None
+                asked = self._listen(channel, poll_s)
                 broker_down = False
             except redis.RedisError as exc:
                 if not broker_down:
@@ -77,3 +81,15 @@ class Watcher:
                 log.exception("rescanning the model repository failed; trying again next poll")
         if channel is not None:
             channel.close()
+
+    def _listen(self, channel: redis.client.PubSub, poll_s: float) -> bool:
+        """Whether a reload was asked for within `poll_s`, listening in short slices so that a
+        stop (a warm shutdown, a test's fleet) never waits out a whole poll."""
+        deadline = time.monotonic() + poll_s
+        while not self._stop.is_set():
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                return False
+            if channel.get_message(timeout=min(left_s, LISTEN_SLICE_S)) is not None:
+                return True
+        return False

@@ -443,3 +443,17 @@ def test_the_watcher_rescans_every_poll_and_at_once_on_a_reload_message(
     finally:
         watcher.stop()
     assert fleet.rows()[-1] == ("cpu:0", "m", 2, "failed")
+
+
+def test_the_watcher_stops_at_once_however_long_its_poll(
+    fleet: Fleet, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models = fleet.child()
+    monkeypatch.setattr(models, "poll_s", 60.0)  # a stop must not wait out a poll
+    watcher = Watcher(models, broker_url=redis_url)
+    watcher.start()
+    time.sleep(0.3)  # the rescan thread is listening on the reload channel by now
+
+    watcher.stop(timeout_s=10)
+
+    assert not any(thread.is_alive() for thread in watcher._threads)
