@@ -291,6 +291,19 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+E2E = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs the suite in two processes (pytest-xdist, `--dist loadgroup`): the
+    end-to-end tests, most of its time and mostly waiting on the processes they start, in one,
+    one after another and first, so that the other takes every other test beside them."""
+    fleet = [item for item in items if E2E in item.path.parents]
+    for item in fleet:
+        item.add_marker(pytest.mark.xdist_group("e2e"))
+    items[:] = fleet + [item for item in items if E2E not in item.path.parents]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """After a module's last test (its fixtures torn down), no process it started may be left."""
