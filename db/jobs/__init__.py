@@ -73,10 +73,6 @@ from db.jobs.reads import (
 )
 from db.jobs.sweep import mark_published, purge_finished, stale_queued, stamp_expiry
 
-# Not a name of this package: tests/worker/test_webhooks.py reaches the row class as `jobs.Job`,
-# as it could while this was one module.
-from db.models import Job as Job
-
 __all__ = [
     "HistoryEvent",
     "JobGroups",

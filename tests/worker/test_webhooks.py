@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs, tenants, webhooks
-from db.models import DEFAULT_TENANT, JobErrorCode, WebhookDelivery
+from db.models import DEFAULT_TENANT, Job, JobErrorCode, WebhookDelivery
 from db.views import job_out
 from tests.receivers import Receiver, black_hole
 from tffleet import tensors
@@ -173,7 +173,7 @@ def test_a_private_address_is_refused_again_at_delivery(sessions: Sessions, deli
     with Receiver() as receiver:
         submit(sessions, receiver.url, events=webhooks.Event.COMPLETED)
         with sessions.begin() as session:
-            (job,) = session.scalars(select(jobs.Job)).all()
+            (job,) = session.scalars(select(Job)).all()
             jobs.cancel(session=session, job_id=job.id)
         deliver(webhook_allow_private=False)
         until(lambda: rows(sessions)[0].attempts >= 1)
