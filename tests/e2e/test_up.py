@@ -104,3 +104,86 @@ def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_or_sigte
     assert started, "tffleet up started no processes?"
     leftovers = [pid for pid in started if Path(f"/proc/{pid}").exists()]
     assert leftovers == [], f"processes left running after {stop.name}: {leftovers}"
+
+
+def _worker_pids(up_pid: int) -> set[int]:
+    """The worker main processes `tffleet up` started (its own children, not theirs)."""
+    found = set()
+    for pid in _descendants(up_pid):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"PPid:\t{up_pid}\n" in status and argv[-3:-1] == [b"tffleet.cli", b"worker"]:
+            found.add(pid)
+    return found
+
+
+def test_a_worker_drained_by_sigterm_is_started_again_and_runs_the_next_job(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    out = tmp_path / "up.log"
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("TFFLEET_")}
+    with out.open("wb") as log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "tffleet.cli", "up", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
+            env=clean_env,
+        )  # fmt: skip
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + 240
+        while "Ctrl-C stops everything" not in out.read_text(errors="replace"):
+            assert up.poll() is None, out.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, out.read_text(errors="replace")[-4000:]
+            time.sleep(0.3)
+        printed = out.read_text(errors="replace")
+        named = re.search(r"`kill -TERM (\d+)` drains the worker", printed)
+        assert named, printed[-2000:]
+        old_worker = int(named.group(1))
+        assert _worker_pids(up.pid) == {old_worker}
+        started = _descendants(up.pid)
+
+        os.kill(old_worker, signal.SIGTERM)  # the documented drain
+        deadline = time.monotonic() + 120
+        while not (new_workers := _worker_pids(up.pid) - {old_worker}):
+            assert up.poll() is None, out.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, out.read_text(errors="replace")[-4000:]
+            time.sleep(0.3)
+        assert not Path(f"/proc/{old_worker}").exists()
+        printed = out.read_text(errors="replace")
+        assert f"worker (pid {old_worker}) exited with status 0; starting it again" in printed
+        assert f"worker started again (pid {min(new_workers)})" in printed
+        started |= _descendants(up.pid)
+
+        # A job submitted now runs on the new worker (it loads the model first).
+        auth = {
+            "Authorization": f"Bearer {(tmp_path / '.tffleet' / 'admin.key').read_text().strip()}"
+        }
+        submitted = httpx.post(
+            f"http://127.0.0.1:{port}/v1/jobs",
+            json={"model": "example", "inputs": {"x": [[1.0, 2.0, 3.0, 4.0]]}},
+            headers=auth,
+        )
+        assert submitted.status_code == 202, submitted.text
+        deadline = time.monotonic() + 180
+        while True:
+            job = httpx.get(
+                f"http://127.0.0.1:{port}/v1/jobs/{submitted.json()['id']}",
+                params={"wait": 20},
+                headers=auth,
+                timeout=30,
+            ).json()
+            if job["status"] not in ("queued", "running") or time.monotonic() > deadline:
+                break
+        assert job["status"] == "succeeded", job
+        started |= _descendants(up.pid)
+        assert up.poll() is None
+    finally:
+        up.send_signal(signal.SIGINT)
+        code = up.wait(timeout=90)
+    assert code == 0, out.read_text(errors="replace")[-3000:]
+    leftovers = [pid for pid in started if Path(f"/proc/{pid}").exists()]
+    assert leftovers == [], f"processes left running after Ctrl-C: {leftovers}"

@@ -43,20 +43,33 @@ class ProcessGroup:
 
     stop_timeout_s: float = 20.0
     started: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    # How each was started, so that `restart` starts it the same way (same port, same password).
+    _how: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
     def start(
         self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            list(argv),
-            env={**os.environ, **(env or {})},
+        self._how[name] = (list(argv), dict(env or {}))
+        proc = self._spawn(name)
+        self.started.append((name, proc))
+        return proc
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        """`name` started again as it was first, in its place: stopped in the same order."""
+        proc = self._spawn(name)
+        self.started = [(n, proc if n == name else p) for n, p in self.started]
+        return proc
+
+    def _spawn(self, name: str) -> subprocess.Popen[bytes]:
+        argv, env = self._how[name]
+        return subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
             stdin=subprocess.DEVNULL,
             # Own session: Ctrl-C reaches only `tffleet up`, which then stops each in order.
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
-        self.started.append((name, proc))
-        return proc
 
     def first_exited(self) -> tuple[str, int] | None:
         for name, proc in self.started:

