@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -9,7 +10,11 @@ import numpy as np
 from tffleet import tensors
 from tffleet.errors import InvalidInput, InvalidRequest
 
+log = logging.getLogger(__name__)
+
 _ENVELOPE_KEYS = {"b64", "dtype", "shape"}
+# Whether this process has logged a cast (`_cast`): once, not once a job.
+_cast_logged = False
 
 
 def validate_inputs(
@@ -44,10 +49,7 @@ def validate_inputs(
         where = f"inputs.{name}"
         value = raw[name]
         try:
-            if isinstance(value, np.ndarray):
-                array = tensors.from_array(value, dtype=spec["dtype"])
-            else:
-                array = tensors.decode(value, dtype=spec["dtype"])
+            array = _cast(_decoded(value, spec["dtype"]), spec["dtype"], model=model, name=name)
         except tensors.TensorError as exc:
             raise InvalidInput(f"{where}: {exc}") from None
         # Before the shape: `[]` is an empty batch, not a tensor of the wrong rank.
@@ -78,6 +80,56 @@ def validate_inputs(
         arrays[name] = array
     assert batch is not None
     return arrays, batch
+
+
+def _decoded(value: Any, dtype: str) -> np.ndarray:
+    """`value` as an array of the dtype it was sent in where `_cast` may take that one to
+    `dtype`, else of `dtype` (the tensor functions refuse any other)."""
+    sent = value.dtype.name if isinstance(value, np.ndarray) else None
+    if isinstance(value, dict) and isinstance(value.get("dtype"), str):
+        sent = value["dtype"]
+    if sent is not None and sent != dtype and _castable(sent, dtype):
+        dtype = sent
+    if isinstance(value, np.ndarray):
+        return tensors.from_array(value, dtype=dtype)
+    return tensors.decode(value, dtype=dtype)
+
+
+def _castable(sent: str, dtype: str) -> bool:
+    """Into a float input: float64 (NumPy's default, `np.random.rand`'s) where its values fit,
+    and any dtype whose every value a float input holds exactly (int8, uint16, float16 into
+    float32). Wider integers are refused: int32 into float32 would change values silently."""
+    if sent not in tensors.DTYPES or dtype not in tensors.DTYPES:
+        return False
+    wanted = tensors.DTYPES[dtype]
+    # Bools are not numbers here, as they are not in nested lists (nor in TensorFlow).
+    if wanted.kind != "f" or tensors.DTYPES[sent].kind == "b":
+        return False
+    return sent == "float64" or bool(np.can_cast(tensors.DTYPES[sent], wanted, "safe"))
+
+
+def _cast(array: np.ndarray, dtype: str, *, model: str, name: str) -> np.ndarray:
+    """`array` (of a dtype `_castable` to `dtype`) as `dtype`; a float64 value beyond `dtype`'s
+    range is refused, as it is in nested lists. Rounding to float32's precision is the cast's
+    point: the model computes in float32 anyway."""
+    global _cast_logged
+    if array.dtype.name == dtype or tensors.is_string(array):
+        return array
+    with np.errstate(over="ignore"):
+        cast = array.astype(tensors.DTYPES[dtype])
+    if not np.isfinite(cast).all() and np.isfinite(array).all():
+        raise tensors.TensorError(f"{array.dtype.name} value out of range for dtype {dtype}")
+    if not _cast_logged:
+        _cast_logged = True
+        log.info(
+            "cast inputs of dtype %s to the signature's %s (model %r, input %r); "
+            "later casts are not logged",
+            array.dtype.name,
+            dtype,
+            model,
+            name,
+        )
+    return cast
 
 
 def read_binary(body: bytes, media_type: str) -> dict[str, np.ndarray] | np.ndarray:

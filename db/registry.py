@@ -125,7 +125,7 @@ def resolve(
         )
     }
     if not registered:
-        raise ModelNotFound(f"model: no model named {name!r} is registered")
+        raise unknown_model(session, name)
     loaded = _loaded_versions(session, name, live_since)
     if version is None:
         version = _latest(registered, loaded)
@@ -145,6 +145,28 @@ def resolve(
     if found is None:  # deleted since the read above
         raise ModelNotFound(f"version: model {name!r} has no version {version}")
     return found
+
+
+# How many model names a 404 for an unknown model lists: enough to spot a typo, bounded.
+UNKNOWN_MODEL_NAMES = 10
+
+
+def unknown_model(session: Session, name: str) -> ModelNotFound:
+    """The 404 for a model not registered, naming those that are (sorted, the first
+    UNKNOWN_MODEL_NAMES): a typo or a model not registered yet shows at a glance."""
+    names = list(
+        session.scalars(
+            select(ModelVersion.name)
+            .distinct()
+            .order_by(ModelVersion.name)
+            .limit(UNKNOWN_MODEL_NAMES + 1)
+        )
+    )
+    known = ", ".join(names[:UNKNOWN_MODEL_NAMES]) + (
+        ", ..." if len(names) > UNKNOWN_MODEL_NAMES else ""
+    )
+    there = f"models: {known}" if names else "no model is registered yet"
+    return ModelNotFound(f"model: no model named {name!r} is registered; {there}")
 
 
 def list_versions(*, session: Session) -> list[ModelVersion]:

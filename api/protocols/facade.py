@@ -90,8 +90,8 @@ def versions(state: AppState, model: str) -> list[tuple[ModelVersion, bool]]:
     with state.reads() as session:
         since = presence.live_since(state.settings.model_poll_s, clock.now(session))
         found = registry.versions_of(session=session, name=model, live_since=since)
-    if not found:
-        raise ModelNotFound(f"model: no model named {model!r} is registered")
+        if not found:
+            raise registry.unknown_model(session, model)
     return found
 
 

@@ -243,7 +243,7 @@ async def test_an_unknown_content_type_is_415_listing_the_accepted_ones(
         ({"priority": "high"}, None, "priority: Input should be a valid integer"),
         ({"version": "0"}, None, "version: Input should be greater than or equal to 1"),
         ({"ttl_s": "0"}, None, "ttl_s: Input should be greater than or equal to 1"),
-        ({}, {"x": X.astype(np.float64)}, "inputs.x: expected dtype float32, got float64"),
+        ({}, {"x": X.astype(np.int64)}, "inputs.x: expected dtype float32, got int64"),
         ({}, {"x": X[:, :3]}, "inputs.x: dimension 1 must be 4 (shape [None, 4])"),
         ({}, {"x": X[0]}, "inputs.x: expected rank 2"),
         ({}, {"x": X, "z": X}, "inputs: unknown ['z']; model 'mlp' takes ['x']"),

@@ -49,6 +49,8 @@ async def test_the_page_loads_without_a_key_and_its_files_come_from_the_package(
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "console/assets/console.js" in page.text
     assert "http://" not in page.text and "https://" not in page.text  # nothing from elsewhere
+    # The key prompt points at the key `tffleet up` printed before saying how to make one.
+    assert page.text.index(".tffleet/admin.key") < page.text.index("tffleet keys create")
     assert script.status_code == 200 and "v1/console/overview" in script.text
     assert "https://" not in script.text
 

@@ -351,7 +351,8 @@ async def test_unknown_model_is_404_naming_it(
 
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "model_not_found"
-    assert "nosuch" in response.json()["error"]["message"]
+    message = response.json()["error"]["message"]
+    assert message.startswith("model: no model named 'nosuch' is registered; models: ")
     assert_nothing_left(sessions, broker)
 
 

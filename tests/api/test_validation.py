@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from api.validation import validate_inputs
+from tffleet import tensors
 from tffleet.errors import InvalidInput
 
 SIGNATURE = {
@@ -65,3 +66,44 @@ def test_a_single_string_input_takes_a_bare_tensor() -> None:
 
     assert batch == 2
     assert arrays["s"].tolist() == [[b"hello"], [b"world"]]
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [np.array([0.5, 1e30], np.float64), np.array([3, -7], np.int16), np.array([2], np.float16)],
+    ids=["float64", "int16", "float16"],
+)
+def test_numbers_a_float_input_holds_are_cast_to_it(sent: np.ndarray) -> None:
+    envelope = tensors.encode(sent, encoding="b64")
+    for value in (sent, envelope):  # a binary body's array, a JSON body's envelope
+        arrays, _ = validate_inputs(
+            inputs(x=value, flag=[True] * len(sent), text=[["a", "b"]] * len(sent)),
+            signature=SIGNATURE,
+            model="m",
+        )
+        assert arrays["x"].dtype == np.float32
+        assert arrays["x"].tolist() == sent.astype(np.float32).tolist()
+
+
+@pytest.mark.parametrize(
+    ("sent", "message"),
+    [
+        (np.array([1e39, 0.5]), "inputs.x: float64 value out of range for dtype float32"),
+        (np.array([np.nan, 0.5]), "inputs.x: contains NaN or infinity"),
+        (np.array([1, 2], np.int32), "inputs.x: expected dtype float32, got"),
+        (np.array([1, 2], np.int64), "inputs.x: expected dtype float32, got"),
+        (np.array([True, False]), "inputs.x: expected dtype float32, got"),
+    ],
+    ids=["overflow", "nan", "int32", "int64", "bool"],
+)
+def test_numbers_a_float_input_cannot_hold_are_refused(sent: np.ndarray, message: str) -> None:
+    for value in (sent, tensors.encode(sent, encoding="b64")):
+        with pytest.raises(InvalidInput) as raised:
+            validate_inputs(inputs(x=value), signature=SIGNATURE, model="m")
+        assert raised.value.message.startswith(message), raised.value.message
+
+
+def test_an_integer_input_takes_no_cast() -> None:
+    signature = {"n": {"dtype": "int32", "shape": [-1]}}
+    with pytest.raises(InvalidInput, match="expected dtype int32, got int16"):
+        validate_inputs({"n": np.array([1], np.int16)}, signature=signature, model="m")

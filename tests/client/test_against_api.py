@@ -39,6 +39,7 @@ from tffleet import (
     tensors,
 )
 from tffleet.cli.process_group import free_port
+from tffleet.client import job as job_module
 from tffleet.client.job import BINARY_BODY_MIN_BYTES
 from tffleet.settings import Settings
 
@@ -197,7 +198,7 @@ async def test_wait_times_out_on_a_job_nobody_runs(api: InProcess) -> None:
 @pytest.mark.anyio
 async def test_inputs_that_do_not_fit_raise_invalid_input_naming_the_field(api: InProcess) -> None:
     with pytest.raises(InvalidInput) as caught:
-        await api.client.submit("double", samples(2).astype(np.float64))
+        await api.client.submit("double", samples(2).astype(np.int64))
     assert caught.value.status_code == 422 and caught.value.code == "invalid_input"
     assert caught.value.message.startswith("inputs.x:") and "float32" in caught.value.message
 
@@ -343,6 +344,28 @@ async def test_small_arrays_and_bulk_submits_stay_json(api: InProcess) -> None:
 
 
 @pytest.mark.anyio
+async def test_float64_arrays_are_cast_to_a_float32_input_with_one_warning(
+    api: InProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(job_module, "_float64_warned", False)
+    rand = np.random.default_rng(0).random
+    with pytest.warns(UserWarning, match="float64 array") as warned:
+        small = await api.client.submit("double", rand((2, 4)))  # JSON, a b64 envelope
+        big = await api.client.submit("double", {"x": rand((BINARY_BODY_MIN_BYTES // 32, 4))})
+        bulk = await api.client.submit_many("double", [rand((1, 4))] * 3)
+    assert len(warned) == 1  # once a process, not once a job
+    api.worker.serve("double")
+    for job in [small, big, *bulk]:
+        done = await api.client.wait(job.id, timeout=20)
+        assert done.ok and done.outputs is not None
+        assert done.outputs["y"].dtype == np.float32
+    # A value float32 cannot hold is refused, as it is in nested lists; nothing is stored.
+    with pytest.raises(InvalidInput) as caught:
+        await api.client.submit("double", np.full((1, 4), 1e39))
+    assert caught.value.message == "inputs.x: float64 value out of range for dtype float32"
+
+
+@pytest.mark.anyio
 async def test_a_binary_submit_whose_answer_was_lost_is_stored_once(api: InProcess) -> None:
     api.transport.lose_answers = 1
     job = await api.client.submit("double", large())
@@ -355,8 +378,8 @@ async def test_large_inputs_that_do_not_fit_raise_invalid_input_naming_the_field
     api: InProcess,
 ) -> None:
     with pytest.raises(InvalidInput) as caught:
-        await api.client.submit("double", {"x": large().astype(np.float64)})
-    assert caught.value.message == "inputs.x: expected dtype float32, got float64"
+        await api.client.submit("double", {"x": large().astype(np.int64)})
+    assert caught.value.message == "inputs.x: expected dtype float32, got int64"
     with pytest.raises(InvalidInput, match=r"inputs.x: dimension 1 must be 4"):
         await api.client.submit("double", large().reshape(-1, 8))
     assert api.worker.queued("double") == []

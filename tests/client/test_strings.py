@@ -12,6 +12,7 @@ from tffleet.client.errors import ProtocolError
 from tffleet.client.job import Job, decode_tensor, encode_inputs
 
 
+@pytest.mark.filterwarnings("ignore:tffleet. sending a float64 array")  # `n`: it warns once
 def test_string_arrays_go_out_as_nested_lists_with_b64_for_bytes_that_are_not_text() -> None:
     binary = np.empty(2, dtype=object)
     binary[:] = [b"\xff", "é".encode()]

@@ -84,6 +84,23 @@ def test_resolve_of_an_unknown_model_names_the_model(sessions: Sessions) -> None
                 registry.resolve(session=session, name="nope", version=version)
             assert isinstance(caught.value, NotFound)
             assert caught.value.status_code == 404
+            assert caught.value.message == "model: no model named 'nope' is registered; models: m"
+
+
+def test_the_404_for_an_unknown_model_lists_the_first_ten_models_sorted(
+    sessions: Sessions,
+) -> None:
+    with sessions() as session, pytest.raises(ModelNotFound, match=r"no model is registered yet$"):
+        registry.resolve(session=session, name="nope")
+    for n in (11, 3, 7, 1, 5, 9, 2, 10, 4, 8, 6, 12):  # registered out of order, two of them twice
+        for version in (1, 2) if n in (3, 7) else (1,):
+            register(sessions, name=f"m{n:02}", version=version)
+    with sessions() as session, pytest.raises(ModelNotFound) as caught:
+        registry.resolve(session=session, name="mnv2")
+    listed = ", ".join(f"m{n:02}" for n in range(1, 11))
+    assert caught.value.message == (
+        f"model: no model named 'mnv2' is registered; models: {listed}, ..."
+    )
 
 
 def test_resolve_of_an_unknown_version_names_model_and_version(sessions: Sessions) -> None:

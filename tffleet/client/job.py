@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +20,9 @@ FINISHED = frozenset({"succeeded", "failed", "canceled"})
 # body (.npz, or .npy for one bare array) instead of JSON: the API then reads them with a
 # memcpy instead of parsing base64 out of JSON.
 BINARY_BODY_MIN_BYTES = 64 * 1024
+
+# Whether this process has warned of a float64 array sent (`_note_dtype`): once, not once a job.
+_float64_warned = False
 
 
 @dataclass(frozen=True)
@@ -176,10 +180,11 @@ class ModelInfo:
 def encode_inputs(inputs: Any) -> Any:
     """The wire form of `inputs`: arrays become binary envelopes, lists and envelopes pass as is.
 
-    An array keeps its dtype (the API refuses an envelope of another dtype than the signature's,
-    so cast float64 data to the model's float32 first); nested lists are cast by the API. An
-    array of strings (str, bytes, or objects holding them) becomes nested lists of strings, with
-    `{"b64": ...}` for bytes that are not UTF-8.
+    An array keeps its dtype: the API casts float64 (and narrower numbers that fit exactly) to
+    a float input where every value fits, and refuses other dtypes than the signature's; the
+    first float64 array sent warns once, as it doubles the bytes. Nested lists are cast by the
+    API. An array of strings (str, bytes, or objects holding them) becomes nested lists of
+    strings, with `{"b64": ...}` for bytes that are not UTF-8.
     """
     if isinstance(inputs, Mapping) and not _is_envelope(inputs):
         return {name: _encode_tensor(value) for name, value in inputs.items()}
@@ -202,6 +207,8 @@ def binary_inputs(inputs: Any) -> tuple[bytes, str] | None:
         return None  # lists, envelopes: as they are, in JSON
     if any(a.dtype.name not in tensors.DTYPES for a in arrays):
         return None  # strings (and dtypes the API would refuse: it says why, in JSON)
+    for array in arrays:
+        _note_dtype(array)
     if sum(a.nbytes for a in arrays) < BINARY_BODY_MIN_BYTES:
         return None
     if isinstance(inputs, np.ndarray):
@@ -209,8 +216,25 @@ def binary_inputs(inputs: Any) -> tuple[bytes, str] | None:
     return tensors.write_npz(inputs), tensors.NPZ
 
 
+def _note_dtype(array: np.ndarray) -> None:
+    """Warn, once a process, of a float64 array: NumPy's default (`np.random.rand`), while models
+    mostly take float32. The API casts it where every value fits: it works, at twice the bytes."""
+    global _float64_warned
+    if array.dtype.name != "float64" or _float64_warned:
+        return
+    _float64_warned = True
+    warnings.warn(
+        "tffleet: sending a float64 array; the API casts it to the model's float32 input where "
+        "every value fits (422 where one does not). Send .astype(np.float32) to halve the bytes; "
+        "this warning is given once per process.",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
 def _encode_tensor(value: Any) -> Any:
     if isinstance(value, np.ndarray):
+        _note_dtype(value)
         return tensors.encode(value, encoding="json" if tensors.is_string(value) else "b64")
     if isinstance(value, tuple):
         return np.asarray(value).tolist()
