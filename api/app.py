@@ -140,5 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _on_request_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(DBAPIError, _on_database_error)
-    app.openapi = openapi.with_body_schemas(app)  # type: ignore[method-assign]
+    app.openapi = openapi.with_body_schemas(  # type: ignore[method-assign]
+        app, auth=settings.auth, metrics_public=settings.metrics_public
+    )
     return app

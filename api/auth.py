@@ -1,6 +1,7 @@
 """Who is calling: `Authorization: Bearer <key>` to a `Caller` (a tenant, admin or not).
 
-Every route but /healthz and /readyz calls `await state.auth(request)` first. Answers are cached
+Every route but /healthz and /readyz calls `await state.auth(request)` first (a route that does
+not goes into `api/openapi.py` UNKEYED, so the schema asks no key of it). Answers are cached
 for `cache_s` per key (unknown keys too, so a flood of made-up keys costs no database reads):
 a revoked key stops working within that time.
 """

@@ -1,6 +1,7 @@
 """What the OpenAPI schema says that FastAPI cannot infer: the job routes' bodies, which they read
 themselves (to answer 400/413/415 before validating), their binary bodies and answers (.npz,
-.npy), and the headers and query parameters they read by hand, with examples.
+.npy), and the headers and query parameters they read by hand, with examples; and which
+operations take a key (the bearer scheme, so /docs has an Authorize button).
 """
 
 from __future__ import annotations
@@ -17,9 +18,35 @@ from tffleet import tensors
 _BODY_SCHEMAS = (JobCreate, JobBatchCreate, JobStatusQuery)
 
 
-def with_body_schemas(app: FastAPI) -> Any:
-    """`app.openapi`, with the schemas of `_BODY_SCHEMAS` among the components."""
+# Swagger UI's Authorize button sends `Authorization: Bearer <key>`, as `api/auth.py` reads it.
+BEARER = "bearer"
+_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "An API key: `tffleet keys create --tenant NAME` (`--admin` for the admin "
+    "routes); `tffleet up` writes one to `.tffleet/admin.key`.",
+}
+# The operations that call no `state.auth`: probes and the protocol's server metadata. The routes
+# read the key by hand (not a dependency, which costs more than the call), so FastAPI cannot see
+# which take one: every other operation does, and `tests/api/test_openapi.py` calls each one
+# without a key to hold this list to the code.
+UNKEYED = frozenset(
+    {
+        ("get", "/healthz"),
+        ("get", "/readyz"),
+        ("get", "/v2"),
+        ("get", "/v2/health/live"),
+        ("get", "/v2/health/ready"),
+    }
+)
+
+
+def with_body_schemas(app: FastAPI, *, auth: bool = True, metrics_public: bool = False) -> Any:
+    """`app.openapi`, with the schemas of `_BODY_SCHEMAS` among the components and the bearer
+    scheme required by every operation that takes a key (none with `auth` off; `/metrics` none
+    while `metrics_public`)."""
     make_openapi = app.openapi
+    unkeyed = UNKEYED | ({("get", "/metrics")} if metrics_public else set())
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -30,10 +57,20 @@ def with_body_schemas(app: FastAPI) -> Any:
                 for name, nested in found.pop("$defs", {}).items():
                     components.setdefault(name, nested)
                 components.setdefault(model.__name__, found)
+            if auth:
+                _declare_bearer(schema, unkeyed)
             app.openapi_schema = schema
         return app.openapi_schema
 
     return openapi
+
+
+def _declare_bearer(schema: dict[str, Any], unkeyed: frozenset[tuple[str, str]]) -> None:
+    schema["components"].setdefault("securitySchemes", {})[BEARER] = _SCHEME
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            if (method, path) not in unkeyed:
+                operation["security"] = [{BEARER: []}]
 
 
 # A binary body or answer (.npz, .npy), and the query parameters a binary body comes with.

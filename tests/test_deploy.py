@@ -397,6 +397,19 @@ def test_the_api_service_reaches_the_api_pods_and_probes_the_health_routes() -> 
     assert container_env(container)["TFFLEET_API_HOST"] == "0.0.0.0"
 
 
+def test_the_workers_open_their_metrics_to_the_scraper_in_another_container() -> None:
+    # Loopback by default (no key guards them); monitoring.yaml scrapes the pod's port from
+    # another pod, a Prometheus on the Compose network the worker service.
+    worker = deployment_running("tffleet", "worker")
+    (container,) = worker["spec"]["template"]["spec"]["containers"]
+    port = int(str(container_env(container)["TFFLEET_WORKER_METRICS_PORT"]))
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == port
+    assert container_env(container)["TFFLEET_WORKER_METRICS_ADDRESS"] == "0.0.0.0"
+    assert compose_env(compose()["services"]["worker"])["TFFLEET_WORKER_METRICS_ADDRESS"] == (
+        "0.0.0.0"
+    )
+
+
 def test_one_sweeper_runs() -> None:
     sweeper = deployment_running("tffleet", "sweeper")
     assert sweeper["spec"]["replicas"] == 1

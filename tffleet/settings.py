@@ -97,6 +97,9 @@ class Settings(BaseSettings):
 
     # The worker's main process serves its children's Prometheus metrics here (0: not at all).
     worker_metrics_port: int = Field(default=9809, ge=0, le=65535)
+    # The address the worker's metrics listen on. They take no key, so loopback by default;
+    # 0.0.0.0 for a scraper on another host or container (a private network only).
+    worker_metrics_address: str = "127.0.0.1"
 
     # Models: how often each worker child rescans the repository (new versions, drained ones) and
     # reports what it holds. The API trusts its view of the models this long; a child silent for

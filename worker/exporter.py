@@ -32,8 +32,9 @@ def prepare_multiprocess_dir() -> str:
     return path
 
 
-def serve(port: int, *, tries: int = PORT_TRIES) -> WSGIServer | None:
-    """Serve the children's merged metrics from the main process (0: do not serve).
+def serve(port: int, *, address: str = "127.0.0.1", tries: int = PORT_TRIES) -> WSGIServer | None:
+    """Serve the children's merged metrics from the main process (0: do not serve) on `address`
+    (TFFLEET_WORKER_METRICS_ADDRESS: loopback unless opened, as they take no key).
 
     Another worker on this host may hold `port` already: then the next free one above it, up
     to `tries` ports in all. Returns the server (its `server_port`), or None if none was free.
@@ -47,7 +48,7 @@ def serve(port: int, *, tries: int = PORT_TRIES) -> WSGIServer | None:
     last = min(port + tries, 65536) - 1
     for candidate in range(port, last + 1):
         try:
-            server, _thread = start_http_server(candidate, registry=registry)
+            server, _thread = start_http_server(candidate, addr=address, registry=registry)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 log.warning("worker metrics not served on port %d: %s", candidate, exc)
@@ -55,7 +56,8 @@ def serve(port: int, *, tries: int = PORT_TRIES) -> WSGIServer | None:
             continue
         if candidate != port:
             log.info("worker metrics: port %d is taken (another worker?)", port)
-        log.info("worker metrics on http://0.0.0.0:%d/metrics", candidate)
+        host = f"[{address}]" if ":" in address else address
+        log.info("worker metrics on http://%s:%d/metrics", host, candidate)
         return server
     log.warning("worker metrics not served: ports %d to %d are all taken", port, last)
     return None

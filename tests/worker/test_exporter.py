@@ -11,6 +11,7 @@ from wsgiref.simple_server import WSGIServer
 import httpx
 import pytest
 
+from tffleet.settings import Settings
 from worker import exporter
 
 
@@ -103,3 +104,20 @@ def test_with_every_port_taken_it_serves_nothing() -> None:
 
 def test_port_zero_serves_nothing() -> None:
     assert exporter.serve(0) is None
+
+
+def test_it_listens_on_loopback_unless_opened(servers: list[WSGIServer]) -> None:
+    # No key guards them: other hosts reach them only where TFFLEET_WORKER_METRICS_ADDRESS says.
+    assert Settings.model_fields["worker_metrics_address"].default == "127.0.0.1"
+    port = free_ports(2)
+
+    local = exporter.serve(port)
+    assert local is not None
+    servers.append(local)
+    opened = exporter.serve(port + 1, address="0.0.0.0")
+    assert opened is not None
+    servers.append(opened)
+
+    assert local.server_address[:2] == ("127.0.0.1", port)
+    assert opened.server_address[:2] == ("0.0.0.0", port + 1)
+    assert scrape(port).status_code == scrape(port + 1).status_code == 200

@@ -163,7 +163,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         f"models {names}",
         flush=True,
     )
-    served = exporter.serve(settings.worker_metrics_port)
+    served = exporter.serve(settings.worker_metrics_port, address=settings.worker_metrics_address)
     if served is not None:
         # The next free port when another worker on this host has the configured one.
         print(f"tffleet: worker metrics on port {served.server_port}", flush=True)

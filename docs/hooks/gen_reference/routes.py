@@ -15,8 +15,10 @@ Generated at build time from the OpenAPI schema of the app that `api.app.create_
 it lists every route the API serves. A running API serves the same schema at `/openapi.json`
 and Swagger UI at `/docs`.
 
-Every route but `/healthz`, `/readyz` and the Open Inference Protocol's health routes takes
-`Authorization: Bearer <key>` (see [tenants and keys](../how-to/tenants-and-keys.md)); an error
+Every route but those marked "No key" (`/healthz`, `/readyz`, the Open Inference Protocol's health
+routes and server metadata) takes `Authorization: Bearer <key>` (see [tenants and
+keys](../how-to/tenants-and-keys.md)), the schema's `bearer` security scheme: Swagger UI's
+Authorize button sends it with every "Try it out"; an error
 is answered as `{"error": {"code": ..., "message": ...}}` ([ErrorOut](#schema-errorout)).
 """
 
@@ -86,6 +88,9 @@ def operation(method: str, path: str, op: dict[str, Any]) -> str:
     out.append(paragraphs(op.get("description")) or text(op.get("summary", "")))
     if op.get("deprecated"):
         out.append("**Deprecated.**")
+    # The schema requires the bearer scheme of every operation that takes a key (api/openapi.py).
+    if not op.get("security"):
+        out.append("No key.")
     params = op.get("parameters", [])
     if params:
         rows = [
