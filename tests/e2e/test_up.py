@@ -32,25 +32,37 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_or_sigterm_stops_all(
-    tmp_path: Path, stop: signal.Signals
-) -> None:
+def _start_up(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path, int]:
+    """`tffleet up` on a free port in `tmp_path`, as a new user starts it: the process, its log
+    and its port."""
     port = free_port()
     out = tmp_path / "up.log"
-    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("TFFLEET_")}
     with out.open("wb") as log:
         up = subprocess.Popen(
             [sys.executable, "-m", "tffleet.cli", "up", "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
-            env=clean_env,
+            env=env,
         )  # fmt: skip
+    return up, out, port
+
+
+def _wait_until_up(up: subprocess.Popen[bytes], out: Path, timeout_s: float = 240) -> None:
+    """Until `up` printed that it is up (it builds the example model on a first run)."""
+    deadline = time.monotonic() + timeout_s
+    while "Ctrl-C stops everything" not in out.read_text(errors="replace"):
+        assert up.poll() is None, out.read_text(errors="replace")[-4000:]
+        assert time.monotonic() < deadline, out.read_text(errors="replace")[-4000:]
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_up_builds_the_example_model_serves_its_curl_example_and_ctrl_c_or_sigterm_stops_all(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("TFFLEET_")}
+    up, out, port = _start_up(tmp_path, clean_env)
     try:
-        deadline = time.monotonic() + 240
-        while "Ctrl-C stops everything" not in out.read_text(errors="replace"):
-            assert up.poll() is None, out.read_text(errors="replace")[-4000:]
-            assert time.monotonic() < deadline, out.read_text(errors="replace")[-4000:]
-            time.sleep(0.3)
+        _wait_until_up(up, out)
         printed = out.read_text(errors="replace")
         body = re.search(r"-d '(\{.*\})'", printed)
         auth = re.search(r"-H 'Authorization: (Bearer tff_[0-9a-f]{12}_\S{43})'", printed)
@@ -123,22 +135,11 @@ def _worker_pids(up_pid: int) -> set[int]:
 def test_a_worker_drained_by_sigterm_is_started_again_and_runs_the_next_job(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    out = tmp_path / "up.log"
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("TFFLEET_")}
-    with out.open("wb") as log:
-        up = subprocess.Popen(
-            [sys.executable, "-m", "tffleet.cli", "up", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
-            env=clean_env,
-        )  # fmt: skip
+    up, out, port = _start_up(tmp_path, clean_env)
     started: set[int] = set()
     try:
-        deadline = time.monotonic() + 240
-        while "Ctrl-C stops everything" not in out.read_text(errors="replace"):
-            assert up.poll() is None, out.read_text(errors="replace")[-4000:]
-            assert time.monotonic() < deadline, out.read_text(errors="replace")[-4000:]
-            time.sleep(0.3)
+        _wait_until_up(up, out)
         printed = out.read_text(errors="replace")
         named = re.search(r"`kill -TERM (\d+)` drains the worker", printed)
         assert named, printed[-2000:]
