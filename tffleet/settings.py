@@ -106,7 +106,7 @@ class Settings(BaseSettings):
     # three polls is taken for dead.
     model_poll_s: float = Field(default=5.0, gt=0)
     # The models a worker's children serve, comma-separated; unset: every model in the
-    # repository. `tffleet worker` sets it to the models whose queues it consumes.
+    # repository, including models added to it later. `tffleet worker --models` sets it.
     worker_models: str | None = None
 
     # A child must finish loading and warming its models within this time, or Celery kills it.

@@ -23,12 +23,16 @@ from worker.orphans import OrphanWatcher
 
 celery_app = make_celery(get_settings(), include=["worker.tasks"])
 _orphans: OrphanWatcher | None = None
+# This worker's node name (`tffleet-<pid>@host`), inherited by its children: a child asks this
+# worker, and no other, to consume the queue of a model it loaded after the start.
+_nodename: str | None = None
 
 
 @worker_init.connect
-def _watch_children(**_: object) -> None:
+def _watch_children(sender: object = None, **_: object) -> None:
     # The main process, before it forks the pool.
-    global _orphans
+    global _orphans, _nodename
+    _nodename = getattr(sender, "hostname", None)
     _orphans = orphans.start_in_this_process()
 
 
@@ -51,7 +55,7 @@ def _init_child(**_: object) -> None:
     # The child is handed the app (for its wake-ups) rather than importing this module back.
     from worker import child
 
-    child.init(celery_app)
+    child.init(celery_app, nodename=_nodename)
 
 
 @worker_process_shutdown.connect

@@ -25,7 +25,7 @@ from db import clock, jobs, presence
 from db import secrets as fleet_secrets
 from db.engine import make_engine, make_sessionmaker
 from db.models import PresenceState
-from tffleet.broker import Publisher
+from tffleet.broker import Publisher, queue_for
 from tffleet.devices import Device, cpu_threads_per_child, parse_devices, pin_environment
 from tffleet.settings import get_settings
 from worker.announcer import Announcer
@@ -132,8 +132,9 @@ def child_index() -> int:
     return int(getattr(billiard.process.current_process(), "index", 0) or 0)
 
 
-def init(app: Celery) -> None:
-    """Make this process a worker child of `app` (worker/app.py, which calls it)."""
+def init(app: Celery, *, nodename: str | None = None) -> None:
+    """Make this process a worker child of `app` (worker/app.py, which calls it); `nodename`:
+    its worker's, which consumes the queues of models that appear later."""
     global _child
     settings = get_settings()
     devices = parse_devices(settings.devices)
@@ -178,6 +179,13 @@ def init(app: Celery) -> None:
         max_queue_delay_ms=settings.max_queue_delay_ms,
         timeout_s=settings.job_timeout_s,
     )
+
+    def consume(model: str) -> None:
+        # Celery's remote control: the worker's main process adds the queue to its consumer
+        # (a no-op if it consumes it already). Its messages wait in Redis until then.
+        if nodename is not None:
+            app.control.add_consumer(queue_for(model), destination=[nodename], reply=False)
+
     served = None
     if settings.worker_models is not None:
         served = [m.strip() for m in settings.worker_models.split(",") if m.strip()]
@@ -193,6 +201,7 @@ def init(app: Celery) -> None:
         poll_s=settings.model_poll_s,
         names=served,
         busy=busy,
+        consume=consume,
     )
     # Before any task: the messages waiting for these models find them loaded.
     model_set.refresh(wake=False)

@@ -14,6 +14,10 @@ include this child's device) it
    `drain_grace_s`: an API trusts its cached view of the models for one poll, and a submission
    resolved just before that lapsed may still be committing.
 
+A model that appears after the child started (a new directory in the repository) is loaded like
+any other, logged ("serving new model"), and its queue consumed (`consume`, before its signature
+is registered): the worker's queues are otherwise those of the models there at its start.
+
 A version that fails to load is reported `failed` and tried again when its files change (a copy
 still in progress) or on `tffleet models reload`; each distinct error is logged once.
 
@@ -96,6 +100,7 @@ class ModelSet:
         names: Collection[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         busy: BusyMeter | None = None,
+        consume: Callable[[str], object] | None = None,
     ) -> None:
         self.repository = repository
         self.defaults = defaults
@@ -115,6 +120,10 @@ class ModelSet:
         # never closed under a running batch.
         self._in_use = threading.Lock()
         self._logged: dict[Key, str] = {}
+        self._consume = consume
+        # The models on disk at the first refresh, whose queues the worker consumes from its
+        # start; None until then. A model loaded later and not among them is a new one.
+        self._known: set[str] | None = None
 
     # The task thread's side
 
@@ -144,6 +153,8 @@ class ModelSet:
             if self._names is None or spec.name in self._names:
                 by_model.setdefault(spec.name, {})[spec.version] = spec
         unreadable = self._note_problems(problems)
+        if self._known is None:
+            self._known = set(by_model)
         wanted: set[Key] = set()
         kept: dict[str, set[int]] = {}
         for name, on_disk in by_model.items():
@@ -221,6 +232,16 @@ class ModelSet:
             buckets=spec.config.bucket_sizes(),
             timeout_s=spec.config.timeout_s,
         )
+        new = self._known is not None and spec.name not in self._known
+        if new and self._consume is not None:
+            try:
+                # Before it is registered: the API accepts its jobs from then on.
+                self._consume(spec.name)
+            except Exception as exc:
+                self._fail(
+                    key, spec.path, f"could not consume its queue: {describe(exc)}", files=None
+                )
+                return
         self.models[key] = LoadedModel(spec=spec, runner=runner, policy=policy)
         self.held.set(key, Held(PresenceState.LOADED, spec.path, utcnow()))
 
@@ -243,6 +264,9 @@ class ModelSet:
             self._fail(key, spec.path, f"could not register it: {describe(exc)}", files=None)
             return
         self._logged.pop(key, None)
+        if new and self._known is not None:
+            self._known.add(spec.name)
+            log.info("serving new model %s:%s", spec.name, spec.version)
         log.info(
             "child %s (pid %d, CUDA_VISIBLE_DEVICES=%s) loaded %s:%s in %.2fs, "
             "warmed %d buckets in %.2fs",

@@ -248,3 +248,36 @@ def test_a_worker_serves_its_models_on_their_devices_and_reloads_on_request(
         60,
     )
     assert models_by_version(fleet)["a", 1]["retired"] is True
+
+
+def test_a_model_added_while_the_worker_runs_is_served_after_a_reload(
+    fleet_factory: Any, sqlite_url: str, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    build_mlp(models, name="a", seed=1)
+    new = build_mlp(tmp_path / "later", name="mnv2", seed=4)
+    # A long poll: only `tffleet models reload` makes the worker notice the new model soon.
+    fleet = fleet_factory(
+        sqlite_url, models, devices="cpu:1", extra_env={"TFFLEET_MODEL_POLL_S": "60"}
+    )
+    fleet.start_api()
+    fleet.start_worker()
+
+    shutil.copytree(tmp_path / "later" / "mnv2", models / "mnv2")
+    reload = tffleet(fleet, "models", "reload")
+    assert reload.returncode == 0, reload.stderr
+    fleet.wait_until(
+        lambda: devices(models_by_version(fleet).get(("mnv2", 1), {"workers": []})) == ["cpu:0"],
+        "mnv2:1 loaded after the reload",
+        60,
+    )
+    assert "serving new model mnv2:1" in fleet.log("worker")
+
+    # Its queue, unknown at the worker's start, is consumed now: the job runs.
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+    with fleet.http(timeout=60) as client:
+        submitted = client.post("/v1/jobs", json={"model": "mnv2", "inputs": {"x": x.tolist()}})
+        assert submitted.status_code == 202, submitted.text
+        job = client.get(f"/v1/jobs/{submitted.json()['id']}", params={"wait": 30}).json()
+    assert job["status"] == "succeeded", job
+    np.testing.assert_allclose(job["outputs"]["output_0"], new(x), rtol=1e-5, atol=1e-6)

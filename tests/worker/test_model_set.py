@@ -201,6 +201,39 @@ def test_a_child_serves_only_its_workers_models(fleet: Fleet) -> None:
     assert list(models.models) == [("a", 1)]
 
 
+def test_a_model_added_after_the_start_is_loaded_registered_its_queue_consumed_and_logged(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    add_version(fleet.repository, "a", 1)
+    consumed: list[str] = []
+    models = ModelSet(
+        repository=fleet.repository,
+        defaults=ModelConfig(max_batch_size=4),
+        child=presence.Child(id="h/1/cpu:0/x", host="h", pid=1, device="cpu:0"),
+        sessions=fleet.sessions,
+        load=fleet.load,
+        wake=fleet.wake,
+        poll_s=POLL_S,
+        clock=fleet.clock,
+        consume=consumed.append,
+    )
+    models.refresh()
+    add_version(fleet.repository, "mnv2", 1)
+    add_version(fleet.repository, "bad", 1, "corrupt")
+
+    with caplog.at_level(logging.INFO, logger="worker.model_set"):
+        models.refresh()
+        models.refresh()
+
+    assert sorted(models.models) == [("a", 1), ("mnv2", 1)]
+    assert fleet.registered() == {("a", 1): False, ("mnv2", 1): False}
+    # Only the new model's queue: the worker consumes those of the start already.
+    assert consumed == ["mnv2"]
+    assert [r.getMessage() for r in caplog.records].count("serving new model mnv2:1") == 1
+    assert ("cpu:0", "bad", 1, "failed") in fleet.rows()
+    assert "truncated variables" in (models.failure(("bad", 1)) or "")
+
+
 # A new version
 
 

@@ -39,7 +39,11 @@ def add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "--model-repository",
         help="the models' directory (default $TFFLEET_MODEL_REPOSITORY or models)",
     )
-    worker.add_argument("--models", help="comma-separated subset of the repository's models")
+    worker.add_argument(
+        "--models",
+        help="comma-separated subset of the repository's models (default: every model, also those "
+        "copied in later)",
+    )
     worker.add_argument(
         "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)"
     )
@@ -153,9 +157,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
             return 2
     if not names:
         print(f"tffleet: warning: no models in {settings.model_repository}", file=sys.stderr)
-    # The children serve exactly the models whose queues this process consumes: a model copied
-    # into the repository later needs a restart (its new versions do not).
-    os.environ["TFFLEET_WORKER_MODELS"] = ",".join(names)
+    # With --models the children serve exactly those. Without, every model there is, now or
+    # later: a child that loads a model copied in after the start has this process consume its
+    # queue too (worker/model_set.py).
+    if args.models:
+        os.environ["TFFLEET_WORKER_MODELS"] = ",".join(names)
+    else:
+        os.environ.pop("TFFLEET_WORKER_MODELS", None)
     get_settings.cache_clear()
     queues = [queue_for(n) for n in names] or [DEFAULT_QUEUE]
     print(
