@@ -222,16 +222,15 @@ def claim_next(
         for row in waiting
     }
     chosen = _fair_fill(queues, room=max_samples, take_oversized=take_oversized)
-    leases = _claim_ids(
+    # Claimed as named, in the order the tenants' turns chose them.
+    return claim(
         session=session,
         job_ids=chosen,
         owner=owner,
         lease_s=lease_s,
-        worker=worker or owner,
+        worker=worker,
         canceled=canceled,
     )
-    rank = {job_id: i for i, job_id in enumerate(chosen)}
-    return sorted(leases, key=lambda lease: rank[lease.job_id])
 
 
 @dataclass
