@@ -4,6 +4,7 @@ version a submission without one gets, and the fleet's view of every version.
 A version without a number in the submission goes to the latest version that a live worker
 child has loaded (and that is not retired); with no live worker, to the latest registered one
 that is not retired (`tffleet models register` records versions before any worker runs).
+`unregister` takes a model off the list once no live child holds it (`tffleet models unregister`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from db import clock, jobs, presence
-from db.models import JobStatus, ModelPresence, ModelVersion, PresenceState
-from tffleet.errors import ModelNotFound
+from db.models import Job, JobStatus, ModelPresence, ModelVersion, PresenceState
+from tffleet.errors import Conflict, JobAlreadyFinished, ModelNotFound
 
 
 def register(
@@ -257,3 +258,125 @@ def overview(
     return Overview(
         versions=views, load_errors=[row for row in rows if row.state == failed], live=rows
     )
+
+
+# ─── Unregister ───────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Unregistered:
+    """What `unregister` did."""
+
+    name: str
+    versions: list[int]
+    canceled: dict[str, int]  # {status it had: count} of the jobs it canceled
+    presence: int  # rows deleted: dead children's, and load errors
+
+
+def unregister(
+    *,
+    session: Session,
+    name: str,
+    live_since: datetime,
+    version: int | None = None,
+    cancel: bool = False,
+) -> Unregistered:
+    """Take a model (or one version) off the fleet's list: its registered versions go, so the
+    API refuses new jobs of it; ended jobs of it stay readable.
+
+    Refused (`Conflict`, nothing changed) while a live child holds it (it would go on serving
+    it), or while jobs of it are queued or running, unless `cancel`: they are canceled here, as
+    `POST /v1/jobs/{id}/cancel` does (webhooks, split jobs' parts), in the caller's transaction.
+    """
+    versions = _versions_to_unregister(session, name, version)
+    _refuse_while_held(session, name, version, live_since)
+    canceled = _cancel_unfinished(session, name, version, cancel)
+    where = [ModelVersion.name == name, ModelVersion.version.in_(versions)]
+    session.execute(delete(ModelVersion).where(*where))
+    # What live children hold was refused above: the rest are dead children's and load errors.
+    rows = [ModelPresence.name == name]
+    if version is not None:
+        rows.append(ModelPresence.version == version)
+    removed = session.execute(delete(ModelPresence).where(*rows))
+    return Unregistered(name, versions, canceled, int(removed.rowcount))  # type: ignore[attr-defined]
+
+
+def _versions_to_unregister(session: Session, name: str, version: int | None) -> list[int]:
+    # Locked: two unregisters (or a register) of one model wait for each other.
+    registered = list(
+        session.scalars(
+            select(ModelVersion.version)
+            .where(ModelVersion.name == name)
+            .order_by(ModelVersion.version)
+            .with_for_update()
+        )
+    )
+    if not registered:
+        raise unknown_model(session, name)
+    if version is None:
+        return registered
+    if version not in registered:
+        raise ModelNotFound(
+            f"version: model {name!r} has no version {version}; its versions: {registered}"
+        )
+    return [version]
+
+
+def _refuse_while_held(
+    session: Session, name: str, version: int | None, live_since: datetime
+) -> None:
+    query = select(ModelPresence.host, ModelPresence.version, ModelPresence.state).where(
+        ModelPresence.name == name,
+        ModelPresence.seen_at >= live_since,
+        ModelPresence.state != PresenceState.FAILED.value,
+    )
+    if version is not None:
+        query = query.where(ModelPresence.version == version)
+    held = session.execute(query.order_by(ModelPresence.host, ModelPresence.version)).all()
+    if held:
+        where = ", ".join(sorted({f"{name}:{v} ({s}) on {h}" for h, v, s in held}))
+        raise Conflict(
+            f"model: live worker children still hold {where}; remove {name} from the model "
+            f"repository on every worker host and run `tffleet models reload` first"
+        )
+
+
+def _cancel_unfinished(
+    session: Session, name: str, version: int | None, cancel: bool
+) -> dict[str, int]:
+    """Cancel the model's queued and running jobs (a split job's parts go with their job), or
+    refuse while there are any."""
+    query = select(Job.id, Job.status).where(
+        Job.model == name,
+        Job.parent_id.is_(None),
+        Job.status.in_([JobStatus.QUEUED.value, JobStatus.RUNNING.value]),
+    )
+    if version is not None:
+        query = query.where(Job.version == version)
+    unfinished = session.execute(query.order_by(Job.id)).all()
+    counts: dict[str, int] = {}
+    for _, status in unfinished:
+        counts[status] = counts.get(status, 0) + 1
+    if not cancel:
+        if unfinished:
+            raise Conflict(
+                f"model: {name} has {jobs_phrase(counts)}; pass --cancel to cancel them, "
+                f"or wait until they end"
+            )
+        return counts
+    canceled: dict[str, int] = {}
+    for job_id, status in unfinished:
+        try:
+            jobs.cancel(session=session, job_id=job_id)
+        except JobAlreadyFinished:
+            continue  # it ended since the read above: nothing to cancel
+        canceled[status] = canceled.get(status, 0) + 1
+    return canceled
+
+
+def jobs_phrase(counts: Mapping[str, int]) -> str:
+    """'3 queued and 1 running jobs', as the CLI prints it too."""
+    parts = [f"{counts[s]} {s}" for s in (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
+             if counts.get(s)]  # fmt: skip
+    total = sum(counts.values())
+    return " and ".join(parts) + (" job" if total == 1 else " jobs")
