@@ -1,6 +1,8 @@
-"""`tffleet models register | list | reload`: the fleet's models, from the database and Redis.
+"""`tffleet models register | list | reload | unregister`: the fleet's models, from the database
+and Redis.
 
-Exit status: 0 done; 1 the database failed, or no worker heard a reload; 2 a bad path or model.
+Exit status: 0 done; 1 the database failed, or no worker heard a reload; 2 a bad path or model,
+or a model that cannot be unregistered yet (a live worker holds it, or jobs of it are unfinished).
 """
 
 from __future__ import annotations
@@ -52,6 +54,27 @@ def add_model_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "reload", help="make every worker rescan the model repository now (new versions load)"
     )
     reload.set_defaults(func=cmd_reload)
+
+    unregister = commands.add_parser(
+        "unregister",
+        help="take a model (or one version) off the fleet's list once no worker serves it",
+        description="Delete NAME's registered versions (or --version N) from the database: the "
+        "API then refuses its jobs, and `tffleet models list`, GET /v1/models and the console "
+        "no longer show it; its ended jobs stay readable. Refused while a live worker child "
+        "holds it (remove NAME from the model repository on every worker host and run "
+        "`tffleet models reload` first), and while jobs of it are queued or running, unless "
+        "--cancel.",
+    )
+    unregister.add_argument("name", metavar="NAME", help="the model's name")
+    unregister.add_argument(
+        "--version", type=int, metavar="N", help="only this version (default: every version)"
+    )
+    unregister.add_argument(
+        "--cancel",
+        action="store_true",
+        help="cancel its queued and running jobs (in the same transaction) instead of refusing",
+    )
+    unregister.set_defaults(func=cmd_unregister)
 
 
 def _identify(args: argparse.Namespace) -> tuple[Path, str, int]:
@@ -196,4 +219,30 @@ def cmd_reload(args: argparse.Namespace) -> int:
         print("tffleet: no worker child is listening; nothing was reloaded", file=sys.stderr)
         return 1
     print(f"tffleet: {heard} worker children are rescanning the model repository")
+    return 0
+
+
+def cmd_unregister(args: argparse.Namespace) -> int:
+    from db import clock, presence, registry
+    from tffleet.errors import Conflict, ModelNotFound
+    from tffleet.settings import get_settings
+
+    settings = get_settings()
+    try:
+        with sessions() as made, made.begin() as session:
+            done = registry.unregister(
+                session=session,
+                name=args.name,
+                version=args.version,
+                cancel=args.cancel,
+                live_since=presence.live_since(settings.model_poll_s, clock.now(session)),
+            )
+    except (ModelNotFound, Conflict) as exc:
+        print(f"tffleet: {exc}", file=sys.stderr)
+        return 2
+    except DatabaseError as exc:
+        return fail(str(exc))
+    gone = ", ".join(f"{done.name}:{v}" for v in done.versions)
+    canceled = f" ({registry.jobs_phrase(done.canceled)} canceled)" if done.canceled else ""
+    print(f"tffleet: unregistered {gone}{canceled}")
     return 0
