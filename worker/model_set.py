@@ -294,6 +294,7 @@ class ModelSet:
         retire: list[Key] = []
         reinstate: list[Key] = []
         before: dict[Key, Held] = {}
+        gone: set[str] = set()
         for key in list(self.models):
             name, version = key
             held = before[key] = self.held[key]
@@ -326,6 +327,10 @@ class ModelSet:
                 self.child.device, name, version,
                 f"{name}:{newer[-1]} replaces it" if newer else "no longer served here",
             )  # fmt: skip
+            if name not in kept and name not in gone:  # its directory left the repository
+                gone.add(name)
+                log.info("`tffleet models unregister %s` takes %s off the fleet's list once no "
+                         "host serves it", name, name)  # fmt: skip
         if not retire and not reinstate:
             return
 
