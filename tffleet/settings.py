@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     sweep_interval_s: float = Field(default=5.0, gt=0)
     republish_after_s: float = Field(default=30.0, gt=0)
     result_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    # How long an ended job keeps its inputs: only a retry reads them once it has ended, and
+    # they are most of the database's bytes, so they go long before its outputs (a retry after
+    # this answers 410 `inputs_gone`). A job's own shorter `ttl_s` takes them sooner, with it.
+    input_ttl_s: float = Field(default=3600.0, gt=0)
     # The response cache of models with `cache = true` (db/cache.py): how long an entry answers,
     # and how many bytes of outputs all entries hold at most (the oldest go first).
     cache_ttl_s: float = Field(default=24 * 3600.0, gt=0)

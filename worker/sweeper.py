@@ -6,7 +6,7 @@ Each sweep
 2. publishes again the queued jobs whose last wake-up is older than `republish_after_s` (the
    submit's publish failed, or Redis lost the message);
 3. deletes finished jobs older than `result_ttl_s`, and the model reports of worker children
-   that died (db.presence);
+   that died (db.presence); before that, the inputs of jobs that ended over `input_ttl_s` ago;
 4. deletes response cache entries older than `cache_ttl_s`, then the oldest while all of them
    hold more than `cache_max_bytes` (db.cache);
 5. cancels queued and running jobs past their deadline (`Cancel-After`), first of all: a claim
@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 # chunks, so one sweep stays short and the next one goes on where it stopped.
 CHUNK_JOBS = 1000
 MAX_CHUNKS = 20
+# A job's end commits moments after the time it records: each pass over ended jobs' inputs
+# looks this far behind the last one's cutoff, so an end committed late is still found.
+LATE_END = timedelta(minutes=1)
 
 SWEPT = Counter("tffleet_sweeper_jobs_total", "Jobs the sweeper acted on", ["action"])
 CACHE_PURGED = Counter(
@@ -84,6 +87,7 @@ class SweepReport:
     messages: int = 0
     publish_failures: int = 0  # messages the broker did not take; their jobs stay stale
     purged: int = 0  # finished jobs deleted
+    inputs_purged: int = 0  # ended jobs whose inputs were deleted (past TFFLEET_INPUT_TTL_S)
     deadline: int = 0  # queued or running jobs canceled past their deadline (`Cancel-After`)
     cache_purged: int = 0  # response cache entries deleted: past their age, or over the bound
 
@@ -121,6 +125,7 @@ class Sweeper:
         )
         self._leading = False
         self._standing_by = False
+        self._inputs_since: datetime | None = None  # where `_purge_inputs` goes on
 
     # Leadership
 
@@ -198,14 +203,15 @@ class Sweeper:
         if report:
             log.info(
                 "sweep: requeued %d, worker_lost %d, republished %d jobs in %d messages "
-                "(%d messages failed), purged %d, cache entries purged %d, canceled past their "
-                "deadline %d",
+                "(%d messages failed), purged %d (inputs of %d more), cache entries purged %d, "
+                "canceled past their deadline %d",
                 report.requeued,
                 report.worker_lost,
                 report.republished,
                 report.messages,
                 report.publish_failures,
                 report.purged,
+                report.inputs_purged,
                 report.cache_purged,
                 report.deadline,
             )
@@ -220,6 +226,7 @@ class Sweeper:
         self._settle_split_jobs()
         if not report.publish_failures:  # the broker is away: leave the rest for the next sweep
             self._republish_stale(report)
+        self._purge_inputs(report)
         self._purge(report)
         self._purge_cache(report)
         LAST_SWEEP.set_to_current_time()
@@ -305,6 +312,25 @@ class Sweeper:
             CACHE_PURGED.inc(purged)
             if purged < CHUNK_JOBS:
                 return
+
+    def _purge_inputs(self, report: SweepReport) -> None:
+        """Delete the inputs of jobs that ended over TFFLEET_INPUT_TTL_S ago, in chunks from where
+        the last one stopped (after a start: the earliest kept), so no sweep rereads them all."""
+        with self._sessions() as session:
+            cutoff = self._clock(session) - timedelta(seconds=self._settings.input_ttl_s)
+            if self._inputs_since is None:
+                self._inputs_since = jobs.oldest_kept_inputs(session=session) or cutoff - LATE_END
+        for _ in range(MAX_CHUNKS):
+            with self._sessions.begin() as session:
+                purged = jobs.purge_inputs(
+                    session=session, since=self._inputs_since, older_than=cutoff, limit=CHUNK_JOBS
+                )
+            report.inputs_purged += purged.deleted
+            SWEPT.labels("inputs_purged").inc(purged.deleted)
+            if purged.deleted < CHUNK_JOBS:
+                self._inputs_since = max(self._inputs_since, cutoff - LATE_END)
+                return
+            self._inputs_since = purged.reached or self._inputs_since
 
     def _purge(self, report: SweepReport) -> None:
         with self._sessions() as session:

@@ -229,7 +229,8 @@ async def cancel(job_id: JobId, request: Request, state: StateDep) -> Response:
 async def retry(job_id: JobId, request: Request, state: StateDep) -> Response:
     """Run a failed or canceled job again under its id: `queued`, its error and outputs cleared,
     a fresh attempt budget (`attempts` keeps counting). 409 for a queued, running or succeeded
-    job; 410 if its inputs are no longer stored. `Cancel-After` gives it a new deadline."""
+    job; 410 once its inputs are no longer stored (TFFLEET_INPUT_TTL_S after it ended).
+    `Cancel-After` gives it a new deadline."""
     caller = await state.auth(request)
     deadline = cancel_after_s(request.headers.get("cancel-after"))
     limits = await state.admission.limits(caller.tenant)
@@ -238,7 +239,11 @@ async def retry(job_id: JobId, request: Request, state: StateDep) -> Response:
     def run() -> dict[str, Any]:
         with state.sessions.begin() as session:
             job = jobs.retry(
-                session=session, job_id=job_id, tenant=caller.scope, cancel_after_s=deadline
+                session=session,
+                job_id=job_id,
+                tenant=caller.scope,
+                cancel_after_s=deadline,
+                input_ttl_s=state.settings.input_ttl_s,
             )
             # Where it stands, as a submit's answer says: the queue it joins, in its transaction.
             placed = standing.place(session=session, jobs=[job], recent=state.reader.recent)

@@ -29,7 +29,8 @@
   `retry`: a failed or canceled job runs again under its id, with a fresh attempt budget;
   `remove` (delete): an ended job goes now, inputs, outputs and all (the API).
 - sweep: `stale_queued` and `mark_published` find and record lost wake-ups; `stamp_expiry` and
-  `purge_finished` delete ended jobs past their retention (the sweeper).
+  `purge_finished` delete ended jobs past their retention, `purge_inputs` their inputs past
+  TFFLEET_INPUT_TTL_S, sooner (the sweeper).
 - reads: for the API and the workers; history: the lines a job's changes append to it.
 
 The modules import one another one way only: `_common` (the tables, the predicates on a job's
@@ -71,7 +72,14 @@ from db.jobs.reads import (
     queued_ids,
     some_queued,
 )
-from db.jobs.sweep import mark_published, purge_finished, stale_queued, stamp_expiry
+from db.jobs.sweep import (
+    mark_published,
+    oldest_kept_inputs,
+    purge_finished,
+    purge_inputs,
+    stale_queued,
+    stamp_expiry,
+)
 
 __all__ = [
     "HistoryEvent",
@@ -101,7 +109,9 @@ __all__ = [
     "history_of",
     "list_jobs",
     "mark_published",
+    "oldest_kept_inputs",
     "purge_finished",
+    "purge_inputs",
     "queued_ids",
     "release",
     "remove",

@@ -119,10 +119,17 @@ def cancel_overdue(
 
 
 def retry(
-    *, session: Session, job_id: str, tenant: str | None = None, cancel_after_s: float | None = None
+    *,
+    session: Session,
+    job_id: str,
+    tenant: str | None = None,
+    cancel_after_s: float | None = None,
+    input_ttl_s: float | None = None,
 ) -> Job:
     """Queue a failed or canceled job (of `tenant`, unless None) again under its id: its error,
     outputs, lease and split parts cleared, a fresh attempt budget, a new deadline (or none).
+    Its inputs must still be stored: the sweeper deletes them `input_ttl_s` (TFFLEET_INPUT_TTL_S,
+    named in the error) after it ends.
 
     `attempts` goes on counting (the job's history, and the fence: a late result of an earlier
     run carries an older attempt number and matches nothing). The caller publishes its wake-up.
@@ -133,9 +140,10 @@ def retry(
     if job.status not in _RETRYABLE:
         raise JobNotRetryable(_not_retryable(job_id, job.status))
     if session.scalar(select(_inputs.c.job_id).where(_inputs.c.job_id == job_id)) is None:
+        kept = "" if input_ttl_s is None else f" ({input_ttl_s:g} s)"
         raise InputsGone(
-            f"job {job_id!r}: its inputs are no longer stored (a job split into parts before "
-            "tffleet kept them), so it cannot run again; submit it anew"
+            f"job {job_id!r}: its inputs are no longer stored, so it cannot run again (its "
+            f"inputs are kept for TFFLEET_INPUT_TTL_S{kept} after it ends); submit it anew"
         )
     now = clock.now(session)
     result = session.execute(

@@ -1,5 +1,6 @@
 """The sweeper's side of a job's life beyond its lease: wake-ups that were lost (`stale_queued`,
-`mark_published`) and ended jobs past their retention (`stamp_expiry`, `purge_finished`).
+`mark_published`), ended jobs past their retention (`stamp_expiry`, `purge_finished`) and the
+inputs of ended jobs past theirs, which is shorter (`oldest_kept_inputs`, `purge_inputs`).
 Leases whose worker vanished are taken back in db/jobs/leases.py.
 
 Called by the sweeper (worker/sweeper.py), one active at a time.
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import bindparam, delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from db import clock
-from db.jobs._common import JobGroups, _jobs
+from db.jobs._common import JobGroups, _inputs, _jobs
 from db.models import FINISHED, JobStatus, ModelPresence, PresenceState
 
 
@@ -114,3 +116,56 @@ def purge_finished(
         return 0
     result = session.execute(delete(_jobs).where(_jobs.c.id.in_(ids)))
     return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+# ─── Inputs ───────────────────────────────────────────────────────────────────────────────────────
+# Only a retry reads an ended job's inputs, and they are most of the database's bytes: they go
+# after TFFLEET_INPUT_TTL_S, long before the job and its outputs. Queued and running jobs keep
+# theirs, a split job too while its parts run (it is `running`); an ended part's go, as no part
+# runs again once ended (its job's retry runs whole, from the job's own inputs).
+
+_ENDED = [status.value for status in FINISHED]
+
+
+def oldest_kept_inputs(*, session: Session) -> datetime | None:
+    """When the earliest-ended job that still keeps its inputs ended (None: no ended job does).
+
+    Read from `job_inputs` (what is kept: the backlog and the last TFFLEET_INPUT_TTL_S), not
+    from the jobs, whose ended rows of the whole result retention have mostly none left: where
+    the sweeper starts `purge_inputs` after it starts."""
+    return session.scalar(
+        select(func.min(_jobs.c.finished_at))
+        .select_from(_inputs.join(_jobs, _jobs.c.id == _inputs.c.job_id))
+        .where(_jobs.c.status.in_(_ENDED))
+    )
+
+
+class InputsPurged(NamedTuple):
+    deleted: int  # jobs whose inputs were deleted
+    reached: datetime | None  # when the last of them ended: where the next chunk starts
+
+
+def purge_inputs(
+    *, session: Session, since: datetime, older_than: datetime, limit: int
+) -> InputsPurged:
+    """Delete the inputs of at most `limit` ended jobs that ended in [`since`, `older_than`),
+    earliest first. The jobs stay, outputs and all, until their own retention (`purge_finished`).
+
+    The range walks the finished_at index from `since`, where the last chunk stopped, instead of
+    from the first job kept, whose inputs went long ago: a sweep reads what ended since the last."""
+    found = (
+        select(_jobs.c.id, _jobs.c.finished_at)
+        .where(
+            _jobs.c.status.in_(_ENDED),
+            _jobs.c.finished_at >= since,
+            _jobs.c.finished_at < older_than,
+            exists().where(_inputs.c.job_id == _jobs.c.id),
+        )
+        .order_by(_jobs.c.finished_at)
+        .limit(limit)
+    )
+    rows = session.execute(found).all()
+    if not rows:
+        return InputsPurged(0, None)
+    session.execute(delete(_inputs).where(_inputs.c.job_id.in_([row.id for row in rows])))
+    return InputsPurged(len(rows), rows[-1].finished_at)

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import cache, jobs, presence
 from db.clock import utcnow
 from db.engine import make_engine, make_sessionmaker
-from db.models import CacheEntry, Job, JobStatus, ModelPresence, PresenceState
+from db.models import CacheEntry, Job, JobInput, JobStatus, ModelPresence, PresenceState
 from tffleet.broker import Publisher, make_celery, queue_for, queue_lists
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
@@ -320,6 +320,58 @@ def test_old_finished_jobs_are_purged_and_the_rest_kept(
         assert [job.id for job in jobs.get_many(session=session, job_ids=[done, queued])] == [
             queued
         ]
+
+
+def test_ended_jobs_lose_their_inputs_after_input_ttl_and_keep_their_outputs(
+    make_sweeper: MakeSweeper, sessions: Sessions
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock, input_ttl_s=600, result_ttl_s=3600)
+    done, running, queued = create(sessions, 3)
+    with sessions.begin() as session:
+        (lease, _) = jobs.claim(session=session, job_ids=[done, running], owner="w", lease_s=60)
+        jobs.complete(session=session, results=[(lease, b"out")])
+
+    assert sweeper.sweep_once().inputs_purged == 0
+    clock.advance(601)
+    report = sweeper.sweep_once()
+
+    assert (report.inputs_purged, report.purged) == (1, 0)
+    assert inputs_kept(sessions) == {running, queued}
+    with sessions() as session:
+        assert jobs.get(session=session, job_id=done).outputs == b"out"
+
+
+def test_inputs_past_their_retention_go_in_chunks_and_later_ends_in_later_sweeps(
+    make_sweeper: MakeSweeper, sessions: Sessions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("worker.sweeper.CHUNK_JOBS", 2)
+    clock = Clock()
+    sweeper = make_sweeper(clock, input_ttl_s=600)
+    end(sessions, create(sessions, 5), at=clock.now)
+    clock.advance(601)
+    assert sweeper.sweep_once().inputs_purged == 5
+
+    end(sessions, create(sessions, 1), at=clock.now)
+    assert sweeper.sweep_once().inputs_purged == 0
+    clock.advance(601)
+    assert sweeper.sweep_once().inputs_purged == 1
+    assert inputs_kept(sessions) == set()
+
+
+def end(sessions: Sessions, job_ids: list[str], *, at: datetime) -> None:
+    """End jobs (canceled) at `at`, by the sweeper's clock."""
+    with sessions.begin() as session:
+        session.execute(
+            update(Job)
+            .where(Job.id.in_(job_ids))
+            .values(status=JobStatus.CANCELED.value, finished_at=at)
+        )
+
+
+def inputs_kept(sessions: Sessions) -> set[str]:
+    with sessions() as session:
+        return set(session.scalars(select(JobInput.job_id)))
 
 
 def test_cache_entries_go_by_age_then_oldest_first_over_the_size_bound(
