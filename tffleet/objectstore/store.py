@@ -1,0 +1,282 @@
+"""The object store beside the database, where tensors too big for a SQL row live (DESIGN §13).
+
+`open_store(url)` gives an `ObjectStore` over `file:///dir` (a directory: the embedded default,
+under `tffleet up`'s data directory) or `s3://bucket/prefix` on any S3-compatible service, whose
+endpoint and credentials come the usual AWS way (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_REGION, or an instance role).
+
+It is a thin layer over obstore (the Python binding of Apache Arrow's `object_store` crate), chosen
+over boto3 and s3fs because one library gives both stores the same calls, sync (the worker's
+threads) and async (the API's event loop), multipart writes of a stream, presigned URLs, and
+reads returned as buffers that numpy wraps without a copy (`obstore.Bytes`).
+
+Every failure comes out as one of two errors: `ObjectMissing` (no object under that key) and
+`StoreUnavailable` (anything else: the service down, refused credentials, a full disk). Callers
+answer the first for what it is (a 422, a failed job) and the second as "try again" (a 503, a
+job left queued).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import obstore
+from obstore.exceptions import BaseError, NotFoundError
+from obstore.store import LocalStore, S3Store
+
+from tffleet.errors import ServiceUnavailable
+
+# How long an S3 call may take to connect, and at most in all (a body of a GB included); a
+# failed call is tried again with a back-off for at most RETRY_S before StoreUnavailable.
+CONNECT_TIMEOUT_S = 5
+REQUEST_TIMEOUT_S = 600
+RETRY_S = 10
+# The part size of multipart writes: S3's least is 5 MiB.
+PART_BYTES = 8 * 1024 * 1024
+# S3's rule for bucket names (dots allowed; the endpoint is addressed by path, not host).
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+class ObjectMissing(LookupError):
+    """No object under the key: deleted, expired, or never written."""
+
+
+class StoreUnavailable(ServiceUnavailable):
+    """The object store did not do what was asked (down, refused, full): try again later."""
+
+    code = "object_store_unavailable"
+
+
+@contextmanager
+def _translated(key: str) -> Iterator[None]:
+    try:
+        yield
+    except (FileNotFoundError, NotFoundError):
+        raise ObjectMissing(key) from None
+    except (BaseError, OSError) as exc:
+        raise StoreUnavailable(f"object store: {type(exc).__name__}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:300]
+
+
+class ObjectStore:
+    """Objects under string keys ("tenant/uploads/<id>.npy"), in one store; see the module
+    docstring. `url` is as configured (it holds no credentials: they come from the environment)."""
+
+    def __init__(self, url: str, store: Any, *, presigns: bool) -> None:
+        self.url = url
+        self._store = store
+        self.presigns = presigns  # S3 can hand out presigned URLs; a directory cannot
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({self.url!r})"
+
+    # ─── Writes ─────────────────────────────────────────────────────────────────────────────────
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        with _translated(key):
+            obstore.put(self._store, key, data)
+
+    async def put_async(self, key: str, data: bytes | memoryview) -> None:
+        with _translated(key):
+            await obstore.put_async(self._store, key, data)
+
+    async def put_stream_async(self, key: str, chunks: AsyncIterator[bytes]) -> int:
+        """Write the chunks as they come (a multipart upload on S3: nothing is held whole);
+        returns the bytes written. An error leaves no object under the key."""
+        written = 0
+        with _translated(key):
+            async with obstore.open_writer_async(
+                self._store, key, buffer_size=PART_BYTES
+            ) as writer:
+                async for chunk in chunks:
+                    await writer.write(chunk)
+                    written += len(chunk)
+        return written
+
+    def delete(self, keys: Iterable[str]) -> None:
+        """Delete these objects; a key with no object is no error (deleting is idempotent).
+        S3 deletes a thousand per request and ignores missing keys; a directory store fails
+        on the first missing one, so there each is deleted on its own."""
+        keys = list(keys)
+        if not keys:
+            return
+        with _translated(keys[0]):
+            try:
+                obstore.delete(self._store, keys)
+            except (FileNotFoundError, NotFoundError):
+                for key in keys:
+                    with contextlib.suppress(FileNotFoundError, NotFoundError):
+                        obstore.delete(self._store, key)
+
+    async def delete_async(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        if not keys:
+            return
+        with _translated(keys[0]):
+            try:
+                await obstore.delete_async(self._store, keys)
+            except (FileNotFoundError, NotFoundError):
+                for key in keys:
+                    with contextlib.suppress(FileNotFoundError, NotFoundError):
+                        await obstore.delete_async(self._store, key)
+
+    # ─── Reads ──────────────────────────────────────────────────────────────────────────────────
+
+    def get(self, key: str) -> memoryview:
+        """The whole object, as a read-only buffer that numpy wraps without a copy."""
+        with _translated(key):
+            return memoryview(obstore.get(self._store, key).bytes())
+
+    async def get_async(self, key: str) -> memoryview:
+        with _translated(key):
+            result = await obstore.get_async(self._store, key)
+            return memoryview(await result.bytes_async())
+
+    async def read_prefix_async(self, key: str, length: int) -> bytes:
+        """At most the first `length` bytes (an .npy header, say): one ranged read."""
+        size = await self.size_async(key)
+        if size is None:
+            raise ObjectMissing(key)
+        with _translated(key):
+            found = await obstore.get_range_async(self._store, key, start=0, end=min(length, size))
+        return bytes(found)
+
+    async def stream_async(self, key: str, chunk_bytes: int = 1 << 20) -> AsyncIterator[bytes]:
+        """The object in chunks, for an answer streamed to a client. ObjectMissing is raised
+        by the first step of the iteration (before any byte is sent)."""
+        with _translated(key):
+            result = await obstore.get_async(self._store, key)
+        with _translated(key):
+            async for chunk in result.stream(min_chunk_size=chunk_bytes):
+                yield bytes(chunk)
+
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes, or None when there is none."""
+        try:
+            with _translated(key):
+                return int(obstore.head(self._store, key)["size"])
+        except ObjectMissing:
+            return None
+
+    async def size_async(self, key: str) -> int | None:
+        try:
+            with _translated(key):
+                return int((await obstore.head_async(self._store, key))["size"])
+        except ObjectMissing:
+            return None
+
+    def total_bytes(self, prefix: str | None = None) -> tuple[int, int]:
+        """(objects, bytes) under `prefix` (all when None), by listing: a full walk, so callers
+        that ask often keep their own figure (the database holds each object's size)."""
+        objects = size = 0
+        with _translated(prefix or ""):
+            for batch in obstore.list(self._store, prefix=prefix):
+                objects += len(batch)
+                size += sum(int(meta["size"]) for meta in batch)
+        return objects, size
+
+    # ─── Presigned URLs ─────────────────────────────────────────────────────────────────────────
+
+    def presign_put(self, key: str, expires_s: float) -> str:
+        """A URL that lets whoever holds it PUT the object's bytes straight to the store until
+        it expires, so they never pass through the API. S3 only (`presigns`)."""
+        if not self.presigns:
+            raise ValueError(f"{self.url}: a directory store hands out no presigned URLs")
+        with _translated(key):
+            return obstore.sign(self._store, "PUT", key, timedelta(seconds=expires_s))
+
+    def presign_get(self, key: str, expires_s: float) -> str:
+        if not self.presigns:
+            raise ValueError(f"{self.url}: a directory store hands out no presigned URLs")
+        with _translated(key):
+            return obstore.sign(self._store, "GET", key, timedelta(seconds=expires_s))
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where a TFFLEET_OBJECT_STORE URL points, checked but not opened: a directory, or an S3
+    bucket and the prefix under it."""
+
+    scheme: str  # "file" or "s3"
+    directory: Path | None = None
+    bucket: str | None = None
+    prefix: str | None = None
+
+
+def parse_store_url(url: str) -> StoreLocation:
+    """Check a TFFLEET_OBJECT_STORE URL without touching the store (the settings do it at load):
+    `file:///absolute/dir`, `file:relative/dir` (to the current directory, as the default is),
+    or `s3://bucket[/prefix]`. Anything else is a ValueError naming the setting."""
+    parts = urlsplit(url)
+    if parts.query or parts.fragment:
+        raise ValueError(f"TFFLEET_OBJECT_STORE={url!r}: no ?query or #fragment is taken")
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path:
+            raise ValueError(
+                f"TFFLEET_OBJECT_STORE={url!r}: a directory store is file:///absolute/dir "
+                "or file:relative/dir"
+            )
+        return StoreLocation("file", directory=Path(unquote(parts.path)))
+    if parts.scheme == "s3":
+        # Credentials never go in the URL (it is logged and shown): they come from the
+        # environment or an instance role, so user:password@ is refused, as are hosts that
+        # are no bucket name (the endpoint is AWS_ENDPOINT_URL).
+        if "@" in parts.netloc or not _BUCKET.fullmatch(parts.netloc):
+            raise ValueError(
+                f"TFFLEET_OBJECT_STORE={url!r}: an S3 store is s3://bucket[/prefix], the bucket "
+                "3-63 characters of a-z 0-9 . -; credentials come from AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, the endpoint from AWS_ENDPOINT_URL, never the URL"
+            )
+        prefix = unquote(parts.path).strip("/") or None
+        if prefix is not None and any(part in ("", ".", "..") for part in prefix.split("/")):
+            raise ValueError(f"TFFLEET_OBJECT_STORE={url!r}: the prefix has an empty, . or .. part")
+        return StoreLocation("s3", bucket=parts.netloc, prefix=prefix)
+    raise ValueError(f"TFFLEET_OBJECT_STORE={url!r}: expected file:///dir or s3://bucket[/prefix]")
+
+
+def open_store(url: str, *, retry_s: float = RETRY_S) -> ObjectStore:
+    """The store a TFFLEET_OBJECT_STORE URL names (see `parse_store_url`); a directory is made
+    when missing. `retry_s`: how long a failed S3 call is tried again before StoreUnavailable."""
+    where = parse_store_url(url)
+    if where.directory is not None:
+        directory = where.directory.resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        return ObjectStore(url, LocalStore(directory), presigns=False)
+    assert where.bucket is not None
+    return ObjectStore(url, _s3(where.bucket, where.prefix, retry_s), presigns=True)
+
+
+def _s3(bucket: str, prefix: str | None, retry_s: float) -> S3Store:
+    """An S3 store configured from the environment, as the AWS tools are; plain http is allowed
+    when the endpoint says so (a SeaweedFS or MinIO beside the fleet)."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    config: Any = {}  # obstore's S3Config, a TypedDict of its stubs only
+    if endpoint:
+        config["endpoint"] = endpoint
+        # A self-hosted service takes paths (endpoint/bucket/key), not bucket.endpoint hosts.
+        config["virtual_hosted_style_request"] = False
+    if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
+        config["region"] = "us-east-1"
+    return S3Store(
+        bucket,
+        prefix=prefix,
+        config=config,
+        client_options={
+            "allow_http": bool(endpoint and endpoint.startswith("http://")),
+            "connect_timeout": f"{CONNECT_TIMEOUT_S}s",
+            "timeout": f"{REQUEST_TIMEOUT_S}s",
+        },
+        retry_config={"max_retries": 3, "retry_timeout": timedelta(seconds=retry_s)},
+    )
