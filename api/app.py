@@ -24,6 +24,7 @@ from api.protocols.tfserving import routes as tfserving
 from api.routes import console, events, health, jobs, models, webhooks
 from api.schemas import json_response
 from api.state import AppState, SignatureCache
+from api.storage import StorageCollector, database_source
 from api.waiter import CompletionWaiter
 from db import secrets as fleet_secrets
 from db.engine import WalCheckpointer, make_engine, make_sessionmaker, readonly
@@ -105,9 +106,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await state.ingestor.start()
         await state.reader.start()
         app.state.tffleet = state
-        # What /metrics serves (api/routes/health.py): the process metrics and, read from the
-        # database at scrape time, the autoscaling gauges.
-        app.state.metrics = exposition(AutoscalingCollector(reads, poll_s=settings.model_poll_s))
+        # What /metrics serves (api/routes/health.py): the process metrics and, read at scrape
+        # time, the autoscaling gauges and the storage ones.
+        app.state.metrics = exposition(
+            AutoscalingCollector(reads, poll_s=settings.model_poll_s),
+            StorageCollector([database_source(reads)]),
+        )
         try:
             yield
         finally:

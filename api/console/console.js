@@ -127,6 +127,11 @@ function draw(o) {
     el("td", { class: "num" }, t.running),
     el("td", { class: "num" }, t.max_queued_jobs ? t.max_queued_jobs : "none"),
   ], "No tenant.");
+  fill("storage", storageRows(o.storage), (r) => [
+    el("td", {}, r[0]),
+    el("td", { class: "num" }, r[1]),
+    el("td", {}, r[2]),
+  ], "Not read yet.");
   fill("failures", o.failures, (f) => [
     el("td", {}, time(f.finished_at)),
     el("td", { class: "mono" }, el("a", { onclick: () => lookup(f.id) }, f.id)),
@@ -158,6 +163,32 @@ function holders(list) {
   if (!list.length) return [el("span", { class: "empty" }, "no live worker")];
   return list.map((h) => el("div", {},
     `${h.host} ${h.device} ${h.state}`, " ", h.busy == null ? "" : busy(h.busy)));
+}
+
+// What the fleet keeps and for how long (TFFLEET_INPUT_TTL_S, _RESULT_TTL_S, _CACHE_*).
+function storageRows(s) {
+  if (!s || s.database_bytes == null) return [];
+  const inputs = `${s.inputs_kept} jobs`
+    + (s.inputs_bytes == null ? "" : `, ${bytes(s.inputs_bytes)}`);
+  return [
+    ["Database", bytes(s.database_bytes), ""],
+    ["Inputs", inputs, `${period(s.input_ttl_s)} after a job ends (queued and running jobs: all)`],
+    ["Jobs and outputs", "", `${period(s.result_ttl_s)} after a job ends, or the job's own ttl_s`],
+    ["Response cache", "", `${period(s.cache_ttl_s)}, at most ${bytes(s.cache_max_bytes)}`],
+  ];
+}
+
+function period(seconds) {
+  if (seconds >= 86400) return `${+(seconds / 86400).toFixed(1)} d`;
+  if (seconds >= 3600) return `${+(seconds / 3600).toFixed(1)} h`;
+  return age(seconds);
+}
+
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
 }
 
 function busy(share) {

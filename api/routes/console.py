@@ -6,7 +6,7 @@ keeps it in the browser's session storage; the key goes in the `Authorization` h
 reads, never in a URL.
 
     GET /v1/console/overview    models and who holds them, devices, tenants, the last minutes'
-                                throughput and latency, the latest failures (admin)
+                                throughput and latency, the latest failures, storage (admin)
     GET /v1/console/jobs/{id}   one job: its timeline, and its outputs' shapes (admin)
 
 The overview is read at most once a second per API process, however many consoles poll it.
@@ -23,11 +23,12 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
+from sqlalchemy.orm import Session
 
 from api.ids import JobId
 from api.schemas import error_responses, json_response
 from api.state import AppState, get_state
-from db import clock, console, jobs, presence, registry, standing, tenants
+from db import clock, console, jobs, presence, registry, size, standing, tenants
 from db.models import JobStatus, ModelPresence
 from db.tenants import Limits
 from db.views import iso_utc, job_out
@@ -42,6 +43,8 @@ FAILURES_SINCE = timedelta(hours=24)
 _FRESH_S = 1.0
 # A minute this long past its end is settled: no job ending in it is still to be committed.
 _SETTLED = timedelta(seconds=30)
+# Storage (the database's size, a count of the kept inputs) changes slowly: read this seldom.
+_STORAGE_FRESH_S = 10.0
 
 router = APIRouter(tags=["console"])
 
@@ -57,7 +60,9 @@ async def overview(request: Request) -> Response:
     """The fleet at a glance, for the console: each model version with the live children
     holding it (host, device, state, busy share) and its queued and running jobs and oldest
     queued age; the devices; the tenants with their queued jobs and quotas; jobs ended and
-    their latency per minute over the last 15 minutes; the latest failures. Admin keys only."""
+    their latency per minute over the last 15 minutes; the latest failures; storage (the
+    database's size, the jobs that keep their inputs, and how long each thing is kept). Admin
+    keys only."""
     state = get_state(request)
     await state.auth.admin(request)
     cache: _Cache | None = getattr(request.app.state, "console_overview", None)
@@ -75,6 +80,8 @@ class _Cache:
         self._at = float("-inf")
         self._value: dict[str, Any] = {}
         self.closed: dict[datetime, console.Minute] = {}
+        self.storage: dict[str, Any] = {}
+        self.storage_at = float("-inf")
 
     async def get(self, state: AppState) -> dict[str, Any]:
         async with self._lock:
@@ -102,6 +109,8 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
         minutes = console.minutes(session=session, now=now, count=MINUTES, known=cache.closed)
         failures = console.latest_failures(session=session, since=now - FAILURES_SINCE)
         known = tenants.list_tenants(session=session)
+        if time.monotonic() - cache.storage_at > _STORAGE_FRESH_S:
+            cache.storage, cache.storage_at = _storage(session, state), time.monotonic()
     cache.keep(minutes, now)
 
     def age_s(model: str, version: int) -> float | None:
@@ -164,6 +173,23 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
             }
             for job in failures
         ],
+        "storage": cache.storage,
+    }
+
+
+def _storage(session: Session, state: AppState) -> dict[str, Any]:
+    """The database's size, the jobs that keep their inputs (and their bytes where cheap to
+    know), and the retentions in force: what the fleet keeps, and for how long."""
+    kept = size.inputs(session=session)
+    settings = state.settings
+    return {
+        "database_bytes": size.database_bytes(session=session),
+        "inputs_kept": kept.kept,
+        "inputs_bytes": kept.bytes,
+        "input_ttl_s": settings.input_ttl_s,
+        "result_ttl_s": settings.result_ttl_s,
+        "cache_ttl_s": settings.cache_ttl_s,
+        "cache_max_bytes": settings.cache_max_bytes,
     }
 
 
