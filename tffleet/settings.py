@@ -19,6 +19,17 @@ class Settings(BaseSettings):
     broker_url: str = "redis://127.0.0.1:6379/0"
     # The models on disk, a folder per version: MODELS/NAME/VERSION.
     model_repository: Path = Path("models")
+    # Where inputs and outputs too big for a database row live (`TFFLEET_INLINE_MAX_BYTES`): a
+    # directory, `file:///absolute/dir` or `file:relative/dir` (the default: `.tffleet/objects`
+    # in the current directory, as the database's default file is there; `tffleet up` sets one
+    # under its data directory), or `s3://bucket/prefix` on any S3-compatible service. An S3
+    # store's endpoint and credentials come from the environment the AWS way
+    # (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`) or an
+    # instance role, never from this URL.
+    object_store: str = "file:.tffleet/objects"
+    # Inputs and outputs larger than this (bytes, as `.npy`) live in the object store, their job
+    # holding a reference to them; smaller ones are kept inline in the database.
+    inline_max_bytes: int = Field(default=256 * 1024, ge=0)
 
     # "cpu:N" (N CPU slots), "all" (every visible GPU, or one CPU slot without a GPU),
     # or GPU indices such as "0,1,3". One Celery child process per device.
@@ -124,6 +135,14 @@ class Settings(BaseSettings):
         from tffleet.devices import parse_devices
 
         parse_devices(value)  # raises ValueError with a clear message
+        return value
+
+    @field_validator("object_store")
+    @classmethod
+    def _object_store_parse(cls, value: str) -> str:
+        from tffleet.objectstore.store import parse_store_url
+
+        parse_store_url(value)  # checks the URL only: the store is opened by those who use it
         return value
 
     @model_validator(mode="after")
