@@ -172,8 +172,8 @@ function storageRows(s) {
     + (s.inputs_bytes == null ? "" : `, ${bytes(s.inputs_bytes)}`);
   return [
     ["Database", bytes(s.database_bytes), ""],
-    ["Inputs", inputs, `${period(s.input_ttl_s)} after a job ends (queued and running jobs: all)`],
-    ["Jobs and outputs", "", `${period(s.result_ttl_s)} after a job ends, or the job's own ttl_s`],
+    ["Inputs", inputs, `until a job ends, then ${period(s.input_ttl_s)}`],
+    ["Jobs and outputs", "", `${period(s.result_ttl_s)} after a job ends, or its own ttl_s`],
     ["Response cache", "", `${period(s.cache_ttl_s)}, at most ${bytes(s.cache_max_bytes)}`],
   ];
 }

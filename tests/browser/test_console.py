@@ -79,7 +79,7 @@ def test_the_console_shows_the_fleet_to_an_admin_key_and_nothing_without_one(
     assert "default" in _text(browser, "#tenants tbody")
     # What the fleet keeps: the database's size, and an ended job's inputs for an hour.
     storage = _text(browser, "#storage tbody")
-    assert "Database" in storage and "iB" in storage and "1 h after a job ends" in storage, storage
+    assert "Database" in storage and "until a job ends, then 1 h" in storage, storage
     # The throughput chart drew the minute's jobs: bars with a title saying how many.
     WebDriverWait(browser, 30).until(
         lambda driver: driver.find_elements(By.CSS_SELECTOR, "#throughput g title")
