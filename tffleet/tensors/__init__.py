@@ -6,8 +6,8 @@
                 (`decode`, `encode`)
     npy.py      as a binary body: NumPy's .npy and .npz, read as views and written with one copy
                 (`read_npy`, `read_npz`, `write_npy`, `write_npz`, `from_array`)
-    packed.py   at rest: named tensors in one blob, a JSON header then the raw bytes (`pack`,
-                `unpack`)
+    packed.py   at rest: named tensors in one blob, a JSON header then the raw bytes, or a
+                `Reference` into an object of the store (`pack`, `unpack`, `references`)
 
 Callers take the names from here (`from tffleet import tensors`, `tensors.pack(...)`); the
 modules import one another, never this package.
@@ -33,7 +33,7 @@ from tffleet.tensors.npy import (
     write_npy,
     write_npz,
 )
-from tffleet.tensors.packed import pack, unpack
+from tffleet.tensors.packed import MissingObject, Reference, pack, references, unpack
 from tffleet.tensors.wire import decode, encode
 
 __all__ = [
@@ -43,6 +43,8 @@ __all__ = [
     "NPZ",
     "STRING",
     "SUPPORTED_DTYPES",
+    "MissingObject",
+    "Reference",
     "TensorError",
     "as_bytes",
     "batch_size",
@@ -54,6 +56,7 @@ __all__ = [
     "pack",
     "read_npy",
     "read_npz",
+    "references",
     "unpack",
     "write_npy",
     "write_npz",
