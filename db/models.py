@@ -67,6 +67,7 @@ class JobErrorCode(enum.StrEnum):
     MODEL_ERROR = "model_error"  # its forward pass raised, or its version cannot be loaded
     TIMEOUT = "timeout"  # it ran alone past the model's time limit
     WORKER_LOST = "worker_lost"  # every attempt's lease expired without a result
+    INPUT_MISSING = "input_missing"  # an input's object left the store after submit (deleted)
     # Not a failure: the error of a job `canceled` because it had not ended by its deadline
     # (`Cancel-After` at submit).
     DEADLINE = "deadline"
