@@ -147,17 +147,21 @@ def references(blob: Buffer) -> dict[str, Reference]:
     return {item["name"]: _reference(item) for item in header if "key" in item}
 
 
-def unpack(blob: Buffer, objects: Mapping[str, Buffer] | None = None) -> dict[str, np.ndarray]:
+def unpack(
+    blob: Buffer, objects: Mapping[str, Buffer] | None = None, *, inline_only: bool = False
+) -> dict[str, np.ndarray]:
     """The inverse of `pack`. The arrays are read-only: views of `blob` (or of a referenced
     object's bytes in `objects`, by key), or for strings object arrays of bytes.
 
-    A reference whose key is not in `objects` raises `MissingObject`."""
+    A reference whose key is not in `objects` raises `MissingObject`; with `inline_only`,
+    references are left out (a reader that shows them as references: the API's job JSON)."""
     header, start = _header(blob)
     body = memoryview(blob)[start:]
     arrays = {}
     for item in header:
         if "key" in item:
-            arrays[item["name"]] = _unpack_reference(_reference(item), objects or {})
+            if not inline_only:
+                arrays[item["name"]] = _unpack_reference(_reference(item), objects or {})
             continue
         raw = body[item["offset"] : item["offset"] + item["nbytes"]]
         if item["dtype"] == STRING:
