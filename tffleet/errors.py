@@ -15,7 +15,8 @@
     │   │   ├── JobNotEnded          delete of a job that is queued or running
     │   │   └── IdempotencyKeyReused an Idempotency-Key sent again with a different request
     │   ├── Gone                410
-    │   │   └── InputsGone           retry of a job whose inputs are no longer stored
+    │   │   ├── InputsGone           retry of a job whose inputs are no longer stored
+    │   │   └── OutputsGone          an output held in the object store that is no longer there
     │   ├── PayloadTooLarge     413
     │   ├── UnsupportedMediaType 415
     │   ├── InvalidInput        422  inputs that do not fit the model's signature
@@ -146,6 +147,10 @@ class Gone(HTTPStatusError):
 
 class InputsGone(Gone):
     code = "inputs_gone"
+
+
+class OutputsGone(Gone):
+    code = "outputs_gone"
 
 
 class PayloadTooLarge(HTTPStatusError):
