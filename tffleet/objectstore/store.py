@@ -8,7 +8,8 @@ AWS_SECRET_ACCESS_KEY, AWS_REGION, or an instance role).
 It is a thin layer over obstore (the Python binding of Apache Arrow's `object_store` crate), chosen
 over boto3 and s3fs because one library gives both stores the same calls, sync (the worker's
 threads) and async (the API's event loop), multipart writes of a stream, presigned URLs, and
-reads returned as buffers that numpy wraps without a copy (`obstore.Bytes`).
+reads returned as buffers that numpy wraps without a copy (`obstore.Bytes`). Its async calls run
+on asyncio's event loop (the API's), not trio's.
 
 Every failure comes out as one of two errors: `ObjectMissing` (no object under that key) and
 `StoreUnavailable` (anything else: the service down, refused credentials, a full disk). Callers
@@ -66,6 +67,27 @@ def _translated(key: str) -> Iterator[None]:
         raise StoreUnavailable(f"object store: {type(exc).__name__}: {_first_line(exc)}") from exc
 
 
+class _SourceFailed(Exception):
+    """The chunks written failed: carries their error past `_translated`, which would take an
+    OSError (a reset connection) for the store's."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _source(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    iterator = aiter(chunks)
+    while True:
+        try:
+            chunk = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except Exception as exc:
+            raise _SourceFailed(exc) from exc
+        yield chunk
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:300]
 
@@ -96,13 +118,17 @@ class ObjectStore:
         """Write the chunks as they come (a multipart upload on S3: nothing is held whole);
         returns the bytes written. An error leaves no object under the key."""
         written = 0
-        with _translated(key):
-            async with obstore.open_writer_async(
-                self._store, key, buffer_size=PART_BYTES
-            ) as writer:
-                async for chunk in chunks:
-                    await writer.write(chunk)
-                    written += len(chunk)
+        try:
+            with _translated(key):
+                async with obstore.open_writer_async(
+                    self._store, key, buffer_size=PART_BYTES
+                ) as writer:
+                    async for chunk in _source(chunks):
+                        await writer.write(chunk)
+                        written += len(chunk)
+        except _SourceFailed as failed:
+            # The chunks' own error (a client that went away) is no fault of the store's.
+            raise failed.error from None
         return written
 
     def delete(self, keys: Iterable[str]) -> None:
