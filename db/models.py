@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Dialect,
@@ -184,6 +185,8 @@ class Job(Base):
     # the queue and why, each retry; a line each, appended by the UPDATE that made the change
     # (db.jobs.history_of reads it). Only the console reads it: deferred.
     history: Mapped[str | None] = mapped_column(Text, deferred=True)
+    # Bytes it owns in the object store, under `<tenant>/jobs/<id>/`; null: none (db/objects.py).
+    stored_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
@@ -231,6 +234,48 @@ class JobInput(Base):
 Job.inputs = deferred(
     column_property(select(JobInput.data).where(JobInput.job_id == Job.id).scalar_subquery())
 )
+
+
+class Upload(Base):
+    """A tensor a client put in the object store (POST /v1/uploads) for jobs to name by URI,
+    kept until `expires_at` and while a job naming it keeps its inputs (db/objects.py)."""
+
+    __tablename__ = "uploads"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # 32 hex
+    tenant: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(Text)
+    size: Mapped[int | None] = mapped_column(BigInteger)  # null: a presigned PUT, unchecked
+    dtype: Mapped[str | None] = mapped_column(String(16))
+    shape: Mapped[list[int] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    __table_args__ = (Index("ix_uploads_expires_at", "expires_at"),)
+
+
+class JobUpload(Base):
+    """A job whose inputs name an upload. No foreign key to it: the upload may go first."""
+
+    __tablename__ = "job_uploads"
+
+    job_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    upload_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+
+    __table_args__ = (Index("ix_job_uploads_upload_id", "upload_id"),)
+
+
+class ObjectGarbage(Base):
+    """An object (or a prefix's) to delete from the store, written with the rows' deletion."""
+
+    __tablename__ = "object_garbage"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(Text)
+    prefix: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class CacheEntry(Base):

@@ -16,7 +16,7 @@ from sqlalchemy import case, delete, literal, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.types import Text
 
-from db import cache, clock, webhooks
+from db import cache, clock, objects, webhooks
 from db.jobs._common import _QUEUED, _UNFINISHED, _deadline, _inputs, _jobs, _record_rows_ended
 from db.jobs.history import _appended, _history_line
 from db.jobs.reads import get
@@ -178,7 +178,10 @@ def retry(
     if not result.rowcount:  # type: ignore[attr-defined]
         job = get(session=session, job_id=job_id, tenant=tenant)  # retried by another request
         raise JobNotRetryable(_not_retryable(job_id, job.status))
-    # A split job runs whole again: the parts of its last run go (their inputs with them).
+    # A split job runs whole again: the parts of its last run go (their inputs with them, and
+    # the objects they own in the store after them).
+    parts = list(session.scalars(select(_jobs.c.id).where(_jobs.c.parent_id == job_id)))
+    objects.doom_jobs(session=session, job_ids=parts)
     session.execute(delete(_jobs).where(_jobs.c.parent_id == job_id))
     return get(session=session, job_id=job_id, tenant=tenant)
 
@@ -193,7 +196,9 @@ def remove(*, session: Session, job_id: str, tenant: str | None = None) -> None:
     job is never deleted under a worker that runs it, nor one whose client awaits it."""
     job = get(session=session, job_id=job_id, tenant=tenant)
     ended = [status.value for status in FINISHED]
-    # Its parts (and every row's inputs) go with it: ON DELETE CASCADE.
+    # Its parts (and every row's inputs) go with it: ON DELETE CASCADE; its objects in the store
+    # after it (named here, in its transaction: a refusal below rolls them back with it).
+    objects.doom_jobs(session=session, job_ids=[job_id])
     result = session.execute(delete(_jobs).where(_jobs.c.id == job_id, _jobs.c.status.in_(ended)))
     if not result.rowcount:  # type: ignore[attr-defined]
         job = get(session=session, job_id=job_id, tenant=tenant)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 from sqlalchemy import bindparam, delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
-from db import clock
+from db import clock, objects
 from db.jobs._common import JobGroups, _inputs, _jobs
 from db.models import FINISHED, JobStatus, ModelPresence, PresenceState
 
@@ -114,6 +114,8 @@ def purge_finished(
     ids += list(session.scalars(by_own.order_by(_jobs.c.expires_at).limit(limit - len(ids))))
     if not ids:
         return 0
+    # Their objects in the store go after them (the sweeper's garbage step).
+    objects.doom_jobs(session=session, job_ids=ids)
     result = session.execute(delete(_jobs).where(_jobs.c.id.in_(ids)))
     return int(result.rowcount)  # type: ignore[attr-defined]
 
@@ -167,5 +169,8 @@ def purge_inputs(
     rows = session.execute(found).all()
     if not rows:
         return InputsPurged(0, None)
-    session.execute(delete(_inputs).where(_inputs.c.job_id.in_([row.id for row in rows])))
+    ids = [row.id for row in rows]
+    # Large inputs lie in the store, under the job's inputs/ (a job with stored_bytes has some).
+    objects.doom_inputs(session=session, job_ids=ids)
+    session.execute(delete(_inputs).where(_inputs.c.job_id.in_(ids)))
     return InputsPurged(len(rows), rows[-1].finished_at)
