@@ -4,7 +4,8 @@ Every YAML file under deploy/ parses; the KEDA ScaledObject scales the worker De
 gauges the API serves; every stop of a worker (Kubernetes, systemd, Compose) waits out its drain
 (`worker.batching.drain_bound_s`); the worker asks for a GPU and runs one child on it; every
 `TFFLEET_*` variable the files set is a real setting; the Secret the pods read is the one
-deploy/README.md creates. docker-compose.yml follows the Compose Specification (its JSON schema, as
+deploy/README.md creates, with the object store's bucket and keys (Compose ships an S3 server,
+Kubernetes takes one). docker-compose.yml follows the Compose Specification (its JSON schema, as
 check-jsonschema ships it: no Docker needed), every service has an image to run, and the passwords
 it uses come from .env, never from the file.
 """
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from tffleet.devices import parse_devices
+from tffleet.objectstore import parse_store_url
 from tffleet.settings import Settings
 from worker.batching import drain_bound_s
 
@@ -483,7 +485,7 @@ def test_compose_writes_no_password_and_takes_each_from_a_required_variable() ->
             checked.add(name)
     assert checked >= {
         *("POSTGRES_PASSWORD", "REDIS_PASSWORD", "TFFLEET_FLOWER_BASIC_AUTH"),
-        *("TFFLEET_DATABASE_URL", "TFFLEET_BROKER_URL"),
+        *("TFFLEET_DATABASE_URL", "TFFLEET_BROKER_URL", "AWS_SECRET_ACCESS_KEY"),
     }
 
 
@@ -508,3 +510,58 @@ def test_no_secret_is_written_into_a_manifest(path: Path) -> None:
     text = path.read_text()
     assert not re.search(r"(postgres(ql)?|redis)://[^\s\"']*:[^@\s\"'$]+@", text), path
     assert "tff_" not in text, path
+
+
+# The object store
+
+# The processes that read or write objects: the API (uploads), workers (inputs, outputs) and the
+# sweeper (it deletes a job's objects with the job).
+_STORE_USERS = ("api", "worker", "sweeper")
+
+
+def test_compose_ships_an_s3_service_the_fleet_uses_with_the_same_keys() -> None:
+    services = compose()["services"]
+    s3 = services["s3"]
+    assert s3["image"].startswith("chrislusf/seaweedfs:")
+    assert s3["command"][:1] == ["server"] and "-s3" in s3["command"]
+    port = next(arg.split("=", 1)[1] for arg in s3["command"] if arg.startswith("-s3.port="))
+    assert "ports" not in s3  # on the Compose network only
+    assert any(volume.startswith("s3-data:") for volume in s3["volumes"])
+    assert "s3-data" in compose()["volumes"]
+    for name in _STORE_USERS:
+        env = compose_env(services[name])
+        assert parse_store_url(str(env["TFFLEET_OBJECT_STORE"])).scheme == "s3", name
+        assert env["AWS_ENDPOINT_URL"] == f"http://s3:{port}", name
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert env[key] == compose_env(s3)[key], (name, key)  # the identity s3 takes
+        assert services[name]["depends_on"]["s3"] == {"condition": "service_healthy"}, name
+
+
+def test_kubernetes_takes_the_bucket_and_its_keys_from_the_secret_and_ships_no_s3() -> None:
+    for name in _STORE_USERS:
+        (container,) = deployment_running("tffleet", name)["spec"]["template"]["spec"]["containers"]
+        refs = {
+            var["name"]: var["valueFrom"]["secretKeyRef"]
+            for var in container["env"]
+            if "valueFrom" in var
+        }
+        assert not refs["TFFLEET_OBJECT_STORE"].get("optional"), name
+        # Optional: on AWS itself the endpoint is left out, and a pod role can stand for keys.
+        for optional in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert refs[optional].get("optional") is True, (name, optional)
+    images = [c["image"] for _, doc in manifests() for c in _pod_containers(doc)]
+    assert images and not [i for i in images if re.search("seaweedfs|minio", i)]
+    readme = (DEPLOY / "README.md").read_text()
+    url = re.search(r"--from-literal=object-store='([^']+)'", readme)
+    assert url and parse_store_url(url[1]).scheme == "s3"
+
+
+def _pod_containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    template = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return list(template.get("containers", []))
+
+
+def test_the_systemd_hosts_share_an_s3_store_not_a_directory_each() -> None:
+    example = env_file(DEPLOY / "systemd" / "tffleet.env.example")
+    assert parse_store_url(example["TFFLEET_OBJECT_STORE"]).scheme == "s3"
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= example.keys()
