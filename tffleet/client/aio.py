@@ -16,10 +16,12 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
+import numpy as np
 
-from tffleet.client import bulk, plans
+from tffleet.client import bulk, objects, plans
 from tffleet.client.events import Follow
 from tffleet.client.job import Job, ModelInfo
+from tffleet.client.objects import DEFAULT_INLINE_MAX_BYTES
 from tffleet.client.protocol import Call, Plan, Retries, build_request, connection
 from tffleet.client.sync import DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT_S
 
@@ -41,7 +43,9 @@ class AsyncClient:
         retries: Retries | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         headers: dict[str, str] | None = None,
+        inline_max_bytes: int | None = DEFAULT_INLINE_MAX_BYTES,
     ) -> None:
+        self._inline_max_bytes = inline_max_bytes
         self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self._retries = retries or Retries()
         url, headers = connection(url, api_key, headers)
@@ -76,6 +80,7 @@ class AsyncClient:
                 cancel_after=cancel_after,
                 webhook=webhook,
                 webhook_events=webhook_events,
+                inline_max_bytes=self._inline_max_bytes,
             )
         )
 
@@ -108,8 +113,13 @@ class AsyncClient:
                 cancel_after=cancel_after,
                 webhook=webhook,
                 webhook_events=webhook_events,
+                inline_max_bytes=self._inline_max_bytes,
             )
         )
+
+    async def upload(self, array: np.ndarray, *, progress: bool | None = None) -> str:
+        """`Client.upload`: one array to the API's object store; returns its URI."""
+        return await self._drive(objects.upload(array, retries=self._retries, progress=progress))
 
     async def get(self, job_id: str, *, encoding: str = "b64") -> Job:
         return await self._drive(
@@ -163,7 +173,9 @@ class AsyncClient:
                     if follow.opened(response):
                         async for line in response.aiter_lines():
                             if (job := follow.line(line)) is not None:
-                                yield job
+                                yield await self._drive(
+                                    objects.fetch_outputs(job, retries=self._retries)
+                                )
                 finally:
                     await response.aclose()
             except httpx.RequestError as exc:
@@ -196,6 +208,7 @@ class AsyncClient:
                 priority=priority,
                 timeout=timeout,
                 retries=self._retries,
+                inline_max_bytes=self._inline_max_bytes,
             )
         )
 

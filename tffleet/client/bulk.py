@@ -9,11 +9,12 @@ of its request.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from typing import Any
 
 from tffleet.client.errors import ClientError, HTTPStatusError, ProtocolError
 from tffleet.client.job import Job
+from tffleet.client.objects import DEFAULT_INLINE_MAX_BYTES, read_job, upload_large
 from tffleet.client.plans import (
     CancelAfter,
     cancel_after_headers,
@@ -48,56 +49,59 @@ def submit_many(
     cancel_after: CancelAfter = None,
     webhook: str | None = None,
     webhook_events: Sequence[str] | None = None,
+    inline_max_bytes: int | None = DEFAULT_INLINE_MAX_BYTES,
 ) -> Plan[list[Job]]:
     """One bulk request per `chunk_size` jobs or `chunk_bytes` of body, in order.
 
     Each request is stored all or none. If one is refused, the jobs of the earlier ones stay
     submitted: the error's `.submitted` lists them, and its message counts jobs from the first.
     With an `idempotency_key`, request n carries "KEY.n": the same call again (same inputs and
-    chunking) gets the jobs stored before instead of new ones. `webhook` and `webhook_events`
-    go with every job.
+    chunking) gets the jobs stored before instead of new ones (not for inputs uploaded: each
+    call uploads them anew, under new URIs). `webhook` and `webhook_events` go with every job.
+    An array over `inline_max_bytes` is uploaded first and its job names it by URI.
     """
     if not 1 <= chunk_size <= MAX_JOBS_PER_REQUEST:
         raise ValueError(f"chunk_size must be 1 to {MAX_JOBS_PER_REQUEST}, got {chunk_size}")
     fields = webhook_fields(webhook, webhook_events)
-    bodies = (
-        dumps({**job_body(model, inputs, version=version, priority=priority), **fields})
-        for inputs in inputs_list
-    )
     total = len(inputs_list) if isinstance(inputs_list, Sized) else None
     extend = with_headers(cancel_after_headers(cancel_after))
     submitted: list[Job] = []
-    with progress_bar(progress, total, "submit") as bar:
-        for n, chunk in enumerate(_chunked_bodies(bodies, chunk_size, chunk_bytes)):
-            key = f"{idempotency_key}.{n}" if idempotency_key else new_idempotency_key()
-            call = extend(submit_call(b'{"jobs":[' + b",".join(chunk) + b"]}", key))
-            try:
-                data = yield from send(call, retries)
-                jobs = [Job.from_wire(job) for job in data["jobs"]]
-            except ClientError as exc:
-                raise _after(exc, submitted) from exc.__cause__
-            except (KeyError, TypeError) as exc:
-                raise ProtocolError(f"not a bulk submit answer: {exc!r}") from None
-            if len(jobs) != len(chunk):
-                raise ProtocolError(f"sent {len(chunk)} jobs, {len(jobs)} came back")
-            submitted.extend(jobs)
-            bar.update(len(jobs))
-    return submitted
-
-
-def _chunked_bodies(
-    bodies: Iterable[bytes], chunk_size: int, chunk_bytes: int
-) -> Iterator[list[bytes]]:
     chunk: list[bytes] = []
     size = 0
-    for body in bodies:
-        if chunk and (len(chunk) >= chunk_size or size + len(body) + 1 > chunk_bytes):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(body)
-        size += len(body) + 1
-    if chunk:
-        yield chunk
+    sent: list[int] = []  # the jobs of each request sent, so far
+
+    def flush() -> Plan[None]:
+        key = f"{idempotency_key}.{len(sent)}" if idempotency_key else new_idempotency_key()
+        sent.append(len(chunk))
+        call = extend(submit_call(b'{"jobs":[' + b",".join(chunk) + b"]}", key))
+        try:
+            data = yield from send(call, retries)
+            wire = list(data["jobs"])
+        except ClientError as exc:
+            raise _after(exc, submitted) from exc.__cause__
+        except (KeyError, TypeError) as exc:
+            raise ProtocolError(f"not a bulk submit answer: {exc!r}") from None
+        if len(wire) != len(chunk):
+            raise ProtocolError(f"sent {len(chunk)} jobs, {len(wire)} came back")
+        for job in wire:  # a job answered from the response cache has its outputs
+            submitted.append((yield from read_job(job, retries=retries)))
+        bar.update(len(wire))
+
+    with progress_bar(progress, total, "submit") as bar:
+        for inputs in inputs_list:
+            # Arrays over the inline limit go first, each its own upload; the job names them.
+            named = yield from upload_large(
+                inputs, inline_max_bytes=inline_max_bytes, retries=retries
+            )
+            body = dumps({**job_body(model, named, version=version, priority=priority), **fields})
+            if chunk and (len(chunk) >= chunk_size or size + len(body) + 1 > chunk_bytes):
+                yield from flush()
+                chunk, size = [], 0
+            chunk.append(body)
+            size += len(body) + 1
+        if chunk:
+            yield from flush()
+    return submitted
 
 
 def _after(exc: ClientError, submitted: list[Job]) -> ClientError:

@@ -32,6 +32,16 @@ class JobError:
 
 
 @dataclass(frozen=True)
+class OutputRef:
+    """An output the API gave by reference, held in its object store (too big to inline): the
+    client fetches it (`GET /v1/jobs/{id}/outputs/{name}`) into `Job.outputs`."""
+
+    uri: str  # tffleet://jobs/<id>/outputs/<name>
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Job:
     """A job as the API last showed it. `outputs` is set once it has succeeded."""
 
@@ -58,6 +68,9 @@ class Job:
     # pace; both estimates, None once it runs (eta_s also when nothing finished lately).
     queue_position: int | None = None
     eta_s: float | None = None
+    # The outputs the API gave by reference, by name: fetched by the client, which puts them
+    # in `outputs` with the others, so `outputs` holds every output either way.
+    references: dict[str, OutputRef] | None = None
 
     @property
     def finished(self) -> bool:
@@ -124,10 +137,15 @@ class Job:
                 finished_at=_datetime(data["finished_at"]),
                 error=JobError(error["code"], error["message"]) if error else None,
                 outputs=(
-                    {name: decode_tensor(value) for name, value in outputs.items()}
+                    {
+                        name: decode_tensor(value)
+                        for name, value in outputs.items()
+                        if not is_reference(value)
+                    }
                     if outputs is not None
                     else None
                 ),
+                references=_references(outputs),
                 worker=data.get("worker"),
                 progress=_progress(data.get("progress")),
                 cached=bool(data.get("cached", False)),
@@ -242,7 +260,26 @@ def _encode_tensor(value: Any) -> Any:
 
 
 def _is_envelope(value: Mapping[str, Any]) -> bool:
+    """A tensor written as a mapping: a binary envelope, or a reference to an upload."""
+    if set(value) == {"uri"}:
+        return isinstance(value["uri"], str)
     return set(value) == {"b64", "dtype", "shape"} and isinstance(value.get("b64"), str)
+
+
+def is_reference(value: Any) -> bool:
+    """Whether an output off the wire is a reference (`{"uri", "dtype", "shape"}`)."""
+    return isinstance(value, Mapping) and isinstance(value.get("uri"), str)
+
+
+def _references(outputs: Any) -> dict[str, OutputRef] | None:
+    if outputs is None:
+        return None
+    found = {
+        name: OutputRef(str(value["uri"]), str(value["dtype"]), tuple(value["shape"]))
+        for name, value in outputs.items()
+        if is_reference(value)
+    }
+    return found or None
 
 
 def decode_tensor(value: Any) -> np.ndarray:

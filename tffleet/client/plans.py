@@ -25,6 +25,7 @@ from tffleet.client.errors import (
     WaitTimeout,
 )
 from tffleet.client.job import Job, ModelInfo, binary_inputs, encode_inputs
+from tffleet.client.objects import DEFAULT_INLINE_MAX_BYTES, read_job, upload_large
 from tffleet.client.protocol import ACCEPT_NPZ, Call, Plan, Retries, Sleep, send
 
 MAX_POLL_S = 30.0  # the longest `wait` the API holds a request for
@@ -89,12 +90,16 @@ def _submit_one(
     retries: Retries,
     extend: Callable[[Call], Call] = lambda call: call,
     fields: dict[str, Any] | None = None,
+    inline_max_bytes: int | None = DEFAULT_INLINE_MAX_BYTES,
 ) -> Plan[Any]:
     """Send one job's submit (`extend` adds to the request): large arrays as a binary body
     (.npz or .npy, the job's other fields in the query), else JSON; JSON too where the API
     refuses the binary body (415: an API from before binary bodies, which stored nothing).
-    `fields`: more of the job's fields (its webhook), in the body or the query alike."""
+    `fields`: more of the job's fields (its webhook), in the body or the query alike. An array
+    over `inline_max_bytes` is uploaded first (`tffleet.client.objects`): the job, JSON then,
+    names it by URI."""
     fields = fields or {}
+    inputs = yield from upload_large(inputs, inline_max_bytes=inline_max_bytes, retries=retries)
     binary = binary_inputs(inputs)
     if binary is not None:
         content, content_type = binary
@@ -136,6 +141,7 @@ def submit(
     cancel_after: CancelAfter = None,
     webhook: str | None = None,
     webhook_events: Sequence[str] | None = None,
+    inline_max_bytes: int | None = DEFAULT_INLINE_MAX_BYTES,
 ) -> Plan[Job]:
     answer = yield from _submit_one(
         model,
@@ -146,8 +152,9 @@ def submit(
         retries=retries,
         extend=with_headers(cancel_after_headers(cancel_after)),
         fields=webhook_fields(webhook, webhook_events),
+        inline_max_bytes=inline_max_bytes,
     )
-    return Job.from_wire(answer)
+    return (yield from read_job(answer, retries=retries))
 
 
 def get(job_id: str, *, encoding: str, wait_s: float, retries: Retries) -> Plan[Job]:
@@ -159,7 +166,7 @@ def get(job_id: str, *, encoding: str, wait_s: float, retries: Retries) -> Plan[
     headers = {"Accept": ACCEPT_NPZ} if encoding == "b64" else None
     path = f"/v1/jobs/{quote(job_id, safe='')}"
     call = Call("GET", path, params=params, headers=headers, wait_s=wait_s)
-    return Job.from_wire((yield from send(call, retries)))
+    return (yield from read_job((yield from send(call, retries)), retries=retries))
 
 
 def get_many(
@@ -175,9 +182,12 @@ def get_many(
         body = {"ids": ids, "encoding": encoding, "wait": round(held, 3)}
         data = yield from send(Call("POST", "/v1/jobs/status", content=dumps(body)), retries)
         try:
-            found.update((job.id, job) for job in map(Job.from_wire, data["jobs"]))
+            wire = list(data["jobs"])
         except (KeyError, TypeError) as exc:
             raise ProtocolError(f"not a status answer: {exc!r}") from None
+        for item in wire:
+            job = yield from read_job(item, retries=retries)
+            found[job.id] = job
     try:
         return [found[job_id] for job_id in job_ids]
     except KeyError as exc:
@@ -248,14 +258,14 @@ def _pause(started: float, deadline: float | None) -> Plan[None]:
 def cancel(job_id: str, *, retries: Retries) -> Plan[Job]:
     # Canceling twice is not an error, so a cancel is safe to send again.
     call = Call("POST", f"/v1/jobs/{quote(job_id, safe='')}/cancel")
-    return Job.from_wire((yield from send(call, retries)))
+    return (yield from read_job((yield from send(call, retries)), retries=retries))
 
 
 def retry(job_id: str, *, cancel_after: CancelAfter, retries: Retries) -> Plan[Job]:
     # Sent again after a lost answer, a retry that went through answers 409 (now queued).
     headers = cancel_after_headers(cancel_after) or None
     call = Call("POST", f"/v1/jobs/{quote(job_id, safe='')}/retry", headers=headers)
-    return Job.from_wire((yield from send(call, retries)))
+    return (yield from read_job((yield from send(call, retries)), retries=retries))
 
 
 def delete(job_id: str, *, retries: Retries) -> Plan[None]:
@@ -287,6 +297,7 @@ def run(
     priority: int,
     timeout: float | None,
     retries: Retries,
+    inline_max_bytes: int | None = DEFAULT_INLINE_MAX_BYTES,
 ) -> Plan[dict[str, Any]]:
     # Submit and long-poll in one round trip (POST ?wait=); a job still unfinished when that
     # round ends is then waited for as usual.
@@ -309,8 +320,9 @@ def run(
         idempotency_key=new_idempotency_key(),
         retries=retries,
         extend=waiting,
+        inline_max_bytes=inline_max_bytes,
     )
-    done = Job.from_wire(answer)
+    done = yield from read_job(answer, retries=retries)
     if not done.finished:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         done = yield from wait(done.id, timeout=remaining, retries=retries)

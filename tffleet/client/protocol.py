@@ -10,7 +10,7 @@ the answers) is made once, here and in `plans`.
 from __future__ import annotations
 
 import random
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,7 +21,7 @@ import orjson
 from tffleet.client.errors import ConnectError, HTTPStatusError, ProtocolError, TransportError
 from tffleet.errors import class_for
 from tffleet.fleet_env import DEFAULT_URL, fleet_setting
-from tffleet.tensors import NPZ, TensorError, read_npz
+from tffleet.tensors import NPY, NPZ, TensorError, read_npy, read_npz
 from tffleet.version import __version__
 
 T = TypeVar("T")
@@ -48,8 +48,19 @@ _NOT_CONNECTED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 @dataclass(frozen=True)
+class Stream:
+    """A body sent in chunks, never joined into one bytes object (an upload of a large array
+    straight from its buffer): `chunks()` starts it afresh at each try, `length` is its
+    Content-Length."""
+
+    length: int
+    chunks: Callable[[], Iterable[bytes | memoryview]]
+
+
+@dataclass(frozen=True)
 class Call:
-    """One HTTP request, safe to send again. `wait_s`: how long the server may hold it."""
+    """One HTTP request, safe to send again. `wait_s`: how long the server may hold it.
+    `stream`: a body sent in chunks instead of `content`."""
 
     method: str
     path: str
@@ -57,6 +68,7 @@ class Call:
     content: bytes | None = None
     headers: dict[str, str] | None = None
     wait_s: float = 0.0
+    stream: Stream | None = None
 
 
 @dataclass(frozen=True)
@@ -115,8 +127,11 @@ def read(response: httpx.Response) -> Any:
         raise error_for(response)
     if response.status_code == 204:  # a delete: no content
         return None
-    if response.headers.get("content-type", "").split(";")[0].strip().lower() == NPZ:
+    media = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media == NPZ:
         return read_npz_job(response)
+    if media == NPY:
+        return read_npy_answer(response)
     try:
         return orjson.loads(response.content)
     except orjson.JSONDecodeError as exc:
@@ -135,6 +150,15 @@ def read_npz_job(response: httpx.Response) -> dict[str, Any]:
         raise ProtocolError(f"{response.status_code} .npz answer: Tffleet-Job is not a job")
     job["outputs"] = {name: np.array(array) for name, array in arrays.items()}
     return job
+
+
+def read_npy_answer(response: httpx.Response) -> np.ndarray:
+    """An .npy answer (an output fetched by reference) as the caller's own writable array:
+    read as np.load reads it, never unpickling, then copied once out of the answer."""
+    try:
+        return np.array(read_npy(response.content))
+    except TensorError as exc:
+        raise ProtocolError(f"{response.status_code} .npy answer: {exc}") from None
 
 
 def error_for(response: httpx.Response) -> HTTPStatusError:
@@ -169,11 +193,22 @@ def build_request(
     http: httpx.Client | httpx.AsyncClient, call: Call, base: httpx.Timeout
 ) -> httpx.Request:
     headers = {"Content-Type": "application/json"} if call.content is not None else {}
+    content: bytes | Iterator[bytes] | AsyncIterator[bytes] | None = call.content
+    if call.stream is not None:
+        headers["Content-Length"] = str(call.stream.length)
+        chunks = iter(call.stream.chunks())
+        # httpx sends what an iterator yields as it comes; an AsyncClient wants it async.
+        content = _async(chunks) if isinstance(http, httpx.AsyncClient) else chunks  # type: ignore[assignment]
     return http.build_request(
         call.method,
         call.path,
         params=call.params,
-        content=call.content,
+        content=content,
         headers={**headers, **(call.headers or {})},
         timeout=timeout_for(call, base),
     )
+
+
+async def _async(chunks: Iterator[bytes | memoryview]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk  # type: ignore[misc]  # a memoryview: sent as it is, never copied

@@ -25,10 +25,12 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
+import numpy as np
 
-from tffleet.client import bulk, plans
+from tffleet.client import bulk, objects, plans
 from tffleet.client.events import Follow
 from tffleet.client.job import Job, ModelInfo
+from tffleet.client.objects import DEFAULT_INLINE_MAX_BYTES
 from tffleet.client.protocol import Call, Plan, Retries, build_request, connection
 
 __all__ = ["Client", "Retries"]
@@ -48,6 +50,12 @@ class Client:
     holding `BINARY_BODY_MIN_BYTES` (64 KiB) or more together go as a binary body instead (.npz,
     or .npy for one bare array), and one job's outputs come back from an .npz: the API then
     copies their bytes instead of parsing base64 out of JSON.
+
+    An array of numbers or bools over `inline_max_bytes` (256 KiB, the API's default
+    TFFLEET_INLINE_MAX_BYTES; None: never) is uploaded first (`upload`) and the job names it by
+    URI, so no big tensor passes through a job's request or the database. Outputs the API holds
+    in its object store come as references, fetched by every method that returns a job:
+    `Job.outputs` has arrays either way.
     """
 
     def __init__(
@@ -59,7 +67,9 @@ class Client:
         retries: Retries | None = None,
         transport: httpx.BaseTransport | None = None,
         headers: dict[str, str] | None = None,
+        inline_max_bytes: int | None = DEFAULT_INLINE_MAX_BYTES,
     ) -> None:
+        self._inline_max_bytes = inline_max_bytes
         self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self._retries = retries or Retries()
         url, headers = connection(url, api_key, headers)
@@ -103,6 +113,7 @@ class Client:
                 cancel_after=cancel_after,
                 webhook=webhook,
                 webhook_events=webhook_events,
+                inline_max_bytes=self._inline_max_bytes,
             )
         )
 
@@ -139,8 +150,16 @@ class Client:
                 cancel_after=cancel_after,
                 webhook=webhook,
                 webhook_events=webhook_events,
+                inline_max_bytes=self._inline_max_bytes,
             )
         )
+
+    def upload(self, array: np.ndarray, *, progress: bool | None = None) -> str:
+        """Upload one array to the API's object store (`POST /v1/uploads`, its .npy streamed
+        from the array's buffer); returns its URI, to pass as an input: `{"x": {"uri": uri}}`.
+        An upload is kept for a while (the API's TFFLEET_UPLOAD_TTL_S), for any number of jobs.
+        `progress`: a bar; None: for 64 MiB or more when stderr is a terminal."""
+        return self._drive(objects.upload(array, retries=self._retries, progress=progress))
 
     def get(self, job_id: str, *, encoding: str = "b64") -> Job:
         return self._drive(plans.get(job_id, encoding=encoding, wait_s=0, retries=self._retries))
@@ -199,7 +218,7 @@ class Client:
                     if follow.opened(response):
                         for line in response.iter_lines():
                             if (job := follow.line(line)) is not None:
-                                yield job
+                                yield self._drive(objects.fetch_outputs(job, retries=self._retries))
                 finally:
                     response.close()
             except httpx.RequestError as exc:
@@ -233,6 +252,7 @@ class Client:
                 priority=priority,
                 timeout=timeout,
                 retries=self._retries,
+                inline_max_bytes=self._inline_max_bytes,
             )
         )
 
