@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from api.schemas import JobCreate, json_response
 from api.submission import parse
+from db.views import outputs_out
 from tffleet import tensors
 from tffleet.errors import InvalidInput
 
@@ -87,9 +88,17 @@ _INLINE_NPZ_BYTES = 64 * 1024
 
 async def answer(out: dict[str, Any], *, encoding: Encoding, status_code: int = 200) -> Response:
     """A job as JSON, or, where it was read with its outputs as their stored blob (`BLOB`), as
-    an .npz of them with the job in the `Tffleet-Job` header (JSON, outputs null)."""
+    an .npz of them with the job in the `Tffleet-Job` header (JSON, outputs null).
+
+    A job with an output held in the object store (too big to inline, DESIGN §13) is answered
+    as JSON, that output a reference (`db.views.outputs_out`): an .npz of it would have the API
+    read it whole from the store and hold it, where `GET /v1/jobs/{id}/outputs/{name}` streams
+    it. The answer's Content-Type says which it is, as for string outputs."""
     blob = out["outputs"]
     if not isinstance(blob, bytes):
+        return json_response(out, status_code)
+    if tensors.references(blob):
+        out["outputs"] = outputs_out(out["id"], blob, encoding=encoding)
         return json_response(out, status_code)
     out["outputs"] = None
     try:

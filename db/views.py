@@ -14,6 +14,9 @@ from tffleet import tensors
 from tffleet.announcements import EndedJob
 
 
+OUTPUT_URI_PREFIX = "tffleet://jobs/"
+
+
 def iso_utc(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value is not None else None
 
@@ -30,10 +33,7 @@ def job_out(
     path."""
     outputs = None
     if with_outputs and job.status == JobStatus.SUCCEEDED.value and job.outputs is not None:
-        outputs = {
-            name: tensors.encode(array, encoding=encoding)
-            for name, array in tensors.unpack(job.outputs).items()
-        }
+        outputs = outputs_out(job.id, job.outputs, encoding=encoding)
     return {
         "id": job.id,
         "model": job.model,
@@ -54,6 +54,30 @@ def job_out(
         **standing_fields(standing),
         "deadline_at": iso_utc(job.deadline_at),
     }
+
+
+def outputs_out(job_id: str, blob: bytes, *, encoding: str = "json") -> dict[str, Any]:
+    """A succeeded job's outputs in JSON: each held in its blob as a tensor (`encoding`), each
+    held in the object store (too big to inline, DESIGN §13) as a reference that
+    `GET /v1/jobs/{id}/outputs/{name}` streams: `{"uri", "dtype", "shape"}`. Nothing is read
+    from the store here, so a poll costs the same whatever the outputs weigh."""
+    outputs: dict[str, Any] = {
+        name: tensors.encode(array, encoding=encoding)
+        for name, array in tensors.unpack(blob, inline_only=True).items()
+    }
+    for name, ref in tensors.references(blob).items():
+        outputs[name] = {
+            "uri": output_uri(job_id, name),
+            "dtype": ref.dtype,
+            "shape": list(ref.shape),
+        }
+    return outputs
+
+
+def output_uri(job_id: str, name: str) -> str:
+    """What names a job's output held in the store: the route's path, as a `tffleet://` URI
+    (as uploads are named), never the store's own key, which says where the fleet keeps it."""
+    return f"{OUTPUT_URI_PREFIX}{job_id}/outputs/{name}"
 
 
 def standing_fields(standing: Standing | None) -> dict[str, Any]:
