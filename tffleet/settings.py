@@ -21,8 +21,8 @@ class Settings(BaseSettings):
     model_repository: Path = Path("models")
     # Where inputs and outputs too big for a database row live (`TFFLEET_INLINE_MAX_BYTES`): a
     # directory, `file:///absolute/dir` or `file:relative/dir` (the default: `.tffleet/objects`
-    # in the current directory, as the database's default file is there; `tffleet up` sets one
-    # under its data directory), or `s3://bucket/prefix` on any S3-compatible service. An S3
+    # under the current directory, relative as the database's default file is; `tffleet up`
+    # sets one in its data directory), or `s3://bucket/prefix` on any S3-compatible service. An S3
     # store's endpoint and credentials come from the environment the AWS way
     # (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`) or an
     # instance role, never from this URL.
