@@ -15,6 +15,10 @@ job itself stays `running`, without a lease, while its parts run:
 
 Parts never show in listings or tenant quotas; a job's `samples_done` counts its parts'
 samples that succeeded, for progress. Once the job ends, its parts are deleted.
+
+An input the job holds in the object store (a `Reference`) is not copied: each part references
+the same object, at its own rows (`_slice`). The object stays while the job keeps its inputs,
+so while its parts run. A part's outputs stay inline in its row, for `settle` to join.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from db import cache, clock, webhooks
 from db.jobs import Lease
 from db.models import Job, JobErrorCode, JobInput, JobStatus
 from tffleet import tensors
+from tffleet.tensors import Reference
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
 _inputs: Table = JobInput.__table__  # type: ignore[assignment]
@@ -56,7 +61,8 @@ def split(
     """Split a claimed job into queued parts of `part_samples` samples (the last may be
     smaller); returns their ids, in order. The job stays `running`, its lease let go: its parts
     now hold it. Empty if the lease no longer holds (the job was canceled, or taken back)."""
-    arrays = tensors.unpack(lease.inputs)
+    arrays = tensors.unpack(lease.inputs, inline_only=True)
+    references = tensors.references(lease.inputs)
     starts = list(range(0, lease.samples, part_samples))
     held = session.execute(
         update(_jobs)
@@ -95,7 +101,10 @@ def split(
         [
             {
                 "job_id": part,
-                "data": tensors.pack({k: v[s : s + part_samples] for k, v in arrays.items()}),
+                "data": tensors.pack(
+                    {k: v[s : s + part_samples] for k, v in arrays.items()},
+                    {k: _slice(ref, s, part_samples) for k, ref in references.items()},
+                ),
             }
             for part, s in zip(ids, starts, strict=True)
         ],
@@ -103,6 +112,20 @@ def split(
     # The job keeps its own inputs too, a copy while its parts run: a client may retry it once
     # it failed or was canceled, and it then runs whole (db.jobs.retry).
     return ids
+
+
+def _slice(ref: Reference, start: int, rows: int) -> Reference:
+    """Rows `start` to `start + rows` of a referenced tensor (fewer at its end): the same object,
+    further in (an .npy's data is C-order, so a run of rows is a run of bytes)."""
+    row_bytes = ref.nbytes // ref.shape[0] if ref.shape[0] else 0
+    rows = max(0, min(rows, ref.shape[0] - start))
+    return Reference(
+        key=ref.key,
+        dtype=ref.dtype,
+        shape=(rows, *ref.shape[1:]),
+        offset=ref.offset + start * row_bytes,
+        nbytes=rows * row_bytes,
+    )
 
 
 def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:

@@ -33,6 +33,7 @@ from worker.drain import DRAIN, Drain, drain_bound_s
 from worker.feeder import Feeder, Next
 from worker.handoff import Wake
 from worker.heartbeat import Heartbeat, Running
+from worker.objects import Objects
 from worker.pipeline import BatchPolicy, Decoded, Ran, Runner, Task
 from worker.writer import BatchReport, Writer
 
@@ -100,6 +101,8 @@ class Batcher:
     peers: Callable[[str, int], int] = _no_peers
     # Counts each batch's device seconds for the child's reported busy share (worker/busy.py).
     on_busy: Callable[[str, int, float], None] = _no_busy
+    # The object store: inputs held there, outputs too large for a row (worker/objects.py).
+    objects: Objects | None = None
     _heartbeat: Heartbeat = field(init=False, repr=False)
     _feeder_thread: ThreadPoolExecutor = field(init=False, repr=False)
     _writer_thread: ThreadPoolExecutor = field(init=False, repr=False)
@@ -196,12 +199,13 @@ class Batcher:
             task=task, named=named, sessions=self.sessions, owner=self.owner,
             lease_s=self.lease_s, heartbeat=self._heartbeat, notify=self.notify, wake=self.wake,
             peers=self.peers, draining=self.draining, queue_busy=self._queue_busy,
+            objects=self.objects,
         )  # fmt: skip
 
     def _writer(self, task: Task) -> Writer:
         return Writer(
             task=task, sessions=self.sessions, heartbeat=self._heartbeat, notify=self.notify,
-            wake=self.wake, thread=self._writer_thread,
+            wake=self.wake, thread=self._writer_thread, objects=self.objects,
         )  # fmt: skip
 
     def _forward(self, task: Task, batch: Decoded) -> Ran:

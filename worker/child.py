@@ -27,11 +27,13 @@ from db.engine import make_engine, make_sessionmaker
 from db.models import PresenceState
 from tffleet.broker import Publisher, queue_for
 from tffleet.devices import Device, cpu_threads_per_child, parse_devices, pin_environment
+from tffleet.objectstore import open_store
 from tffleet.settings import get_settings
 from worker.announcer import Announcer
 from worker.batching import Batcher, BatchReport
 from worker.busy import BusyMeter
 from worker.model_set import ModelSet
+from worker.objects import Objects
 from worker.orphans import owner_prefix
 from worker.repository import ModelConfig
 from worker.retry import HAND_BACK_PAUSE_S
@@ -173,6 +175,10 @@ def init(app: Celery, *, nodename: str | None = None) -> None:
         device=str(device),
         peers=Peers(sessions, child=owner, poll_s=settings.model_poll_s),
         on_busy=lambda model, version, seconds: busy.add((model, version), seconds),
+        # Opened once: inputs held in the store are read from it, large outputs written to it.
+        objects=Objects(
+            open_store(settings.object_store), inline_max_bytes=settings.inline_max_bytes
+        ),
     )
     defaults = ModelConfig(
         max_batch_size=settings.max_batch_size,

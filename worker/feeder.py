@@ -5,6 +5,9 @@ A batch takes what the database says runs next (the waiting tenants in turn, the
 age), topped up while the queue is busy; a job larger than a batch is split into parts for the
 other children serving its model (db/parts.py). Every lease it claims is kept alive by the
 child's heartbeat from the claim on. A database error hands the leases claimed back and raises.
+The objects a batch's inputs point to are fetched here, in this stage's thread, so they arrive
+while the device runs the batch before (worker/objects.py); a store that does not answer puts
+the batch back, unstarted, and raises.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs, parts
 from db.jobs import Lease
-from worker import handoff, metrics, pipeline
+from tffleet.objectstore import StoreUnavailable
+from worker import handoff, metrics, objects, pipeline
 from worker.announcer import Notify
 from worker.handoff import Wake
 from worker.heartbeat import Heartbeat
+from worker.objects import Fetched, Objects
 from worker.pipeline import Decoded, Task
 from worker.retry import INFRA_ERRORS
 
@@ -59,6 +64,8 @@ class Feeder:
     draining: Callable[[], bool]
     # Whether the last batch found other jobs waiting: only then is waiting for more worth it.
     queue_busy: bool = False
+    # The child's object store, for inputs held there (None: every input is inline).
+    objects: Objects | None = None
 
     def next(self, *, after: Sequence[str] | None, claim: bool) -> Next:
         """Claim and decode the task's next batch while the jobs the message named wait, or
@@ -101,10 +108,25 @@ class Feeder:
         return lease, canceled
 
     def hold(self, leases: list[Lease]) -> Decoded:
-        """Keep claimed leases alive from now until their batch is written, and decode them."""
+        """Keep claimed leases alive from now until their batch is written, fetch the objects
+        their inputs point to, and decode them. Raises `StoreUnavailable`, the batch put back."""
         self.heartbeat.keep(leases)
         _observe_claim(self.task.model, leases)
-        return pipeline.decode(leases, runner=self.task.runner)
+        fetched = self._fetch(leases)
+        return pipeline.decode(
+            leases, runner=self.task.runner, objects=fetched.objects, missing=fetched.missing
+        )
+
+    def _fetch(self, leases: list[Lease]) -> Fetched:
+        if self.objects is None:
+            return Fetched()
+        try:
+            return self.objects.fetch(leases)
+        except StoreUnavailable as exc:
+            # The whole batch, not only the jobs whose objects did not come: the task ends
+            # for Celery to try it again later, as after a lost database.
+            objects.put_back(leases, sessions=self.sessions, heartbeat=self.heartbeat, error=exc)
+            raise
 
     def _claim_batch(self) -> Decoded | None:
         leases: list[Lease] = []

@@ -1,8 +1,11 @@
 """A batch's three stages, as plain functions over a `Runner`: decode, forward, encode.
 
-    decode   the claimed jobs' stored inputs into one batch per sample shape (host memory)
+    decode   the claimed jobs' stored inputs into one batch per sample shape (host memory); an
+             input held in the object store is a view of its object, fetched before
+             (worker/objects.py)
     forward  the model on the device: padded to a bucket, in chunks of max_batch_size
-    encode   each job's rows of the outputs, packed for the database
+    encode   each job's rows of the outputs, packed for the database (those written to the
+             object store packed as references)
 
 `worker.batching.Batcher` runs them in different threads so the device never waits: while batch
 k runs `forward`, batch k+1 is claimed and decoded and batch k-1 encoded and written. Nothing
@@ -13,17 +16,29 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from db.jobs import Lease
+from db.models import JobErrorCode
 from tffleet import tensors
+from tffleet.tensors import Reference
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A job's own fault other than its model's (a plain message is `model_error`)."""
+
+    code: JobErrorCode
+    message: str
+
 
 Arrays = dict[str, np.ndarray]
-Outcome = tuple[Lease, bytes | str]  # packed outputs, or an error message
+# Packed outputs, or an error message (`model_error`), or a failure of another code.
+Outcome = tuple[Lease, bytes | str | Failure]
 
 
 class Runner(Protocol):
@@ -91,13 +106,25 @@ class Ran:
     busy_s: float = 0.0  # seconds spent in the model's forward passes
 
 
-def decode(leases: Sequence[Lease], *, runner: Runner) -> Decoded:
-    """Read each job's inputs and join the jobs whose sample shapes agree."""
+def decode(
+    leases: Sequence[Lease],
+    *,
+    runner: Runner,
+    objects: Mapping[str, memoryview] | None = None,
+    missing: Mapping[str, str] | None = None,
+) -> Decoded:
+    """Read each job's inputs and join the jobs whose sample shapes agree.
+
+    `objects`: by key, the objects the inputs point to (worker/objects.py); `missing`: by job
+    id, why a job's object is gone: it fails `input_missing`."""
     failed: list[Outcome] = []
     by_shape: dict[tuple[Any, ...], list[tuple[Lease, Arrays]]] = {}
     for lease in leases:
+        if missing and lease.job_id in missing:
+            failed.append((lease, Failure(JobErrorCode.INPUT_MISSING, missing[lease.job_id])))
+            continue
         try:
-            arrays = tensors.unpack(lease.inputs)
+            arrays = tensors.unpack(lease.inputs, objects)
         except Exception:
             # An unreadable blob is that job's fault alone: raising here would strand the whole
             # batch until its leases expire, and cost every job in it an attempt.
@@ -136,12 +163,17 @@ def forward(decoded: Decoded, *, runner: Runner, policy: BatchPolicy) -> Ran:
     return ran
 
 
-def encode(ran: Ran) -> list[Outcome]:
-    """Each job's outputs packed for the database (or its error)."""
+def encode(
+    ran: Ran, *, references: Mapping[str, Mapping[str, Reference]] | None = None
+) -> list[Outcome]:
+    """Each job's outputs packed for the database (or its error). `references`: by job id, the
+    outputs written to the object store, packed as references in place of their arrays."""
     outcomes: list[Outcome] = []
     for lease, outputs in ran.outputs:
+        stored = (references or {}).get(lease.job_id, {})
+        inline = {name: array for name, array in outputs.items() if name not in stored}
         try:
-            outcomes.append((lease, tensors.pack(outputs)))
+            outcomes.append((lease, tensors.pack(inline, stored)))
         except Exception:
             outcomes.append((lease, describe_failure()))
     return outcomes + ran.failed

@@ -22,23 +22,27 @@ Every path by which a job runs again
    and did not end: it may be what went wrong, so it never shares a batch again in this run.
    Batches take only jobs never claimed in this run (`db.jobs.claim_next_fresh`); such a job runs
    alone (`db.jobs.claim_retried`, `Batcher.run`), and a job that crashes its child costs no
-   other job an attempt. A client's retry (10) starts a new run: the job batches again.
+   other job an attempt. A client's retry (11) starts a new run: the job batches again.
 5. A batch ran past its time limit (`timeout_s` in model.toml, else `TFFLEET_JOB_TIMEOUT_S`). A
    lone job fails `timeout`; the jobs of a larger batch are handed back and each runs alone (4), so
    only the slow one fails. The child then ends itself, as the forward pass holds the device
    (worker/timeouts.py).
-6. A wake-up was lost. The submit's publish fails fast (`PUBLISH_RETRY_POLICY` in
+6. The object store did not answer (`StoreUnavailable`) for a batch's inputs, or for a job's
+   outputs too large for a row: as 1, the task is tried again with back-off, but those jobs go
+   back to the queue as if never claimed (`db.jobs.unclaim`): no attempt spent, never failed for
+   it (worker/objects.py).
+7. A wake-up was lost. The submit's publish fails fast (`PUBLISH_RETRY_POLICY` in
    tffleet/broker.py: the job is durable already), or Redis lost the message: the sweeper
    publishes again every queued job whose last wake-up is older than `TFFLEET_REPUBLISH_AFTER_S`
    (`db.jobs.stale_queued`).
-7. A message reached a child that does not hold its version while another live child does: the
+8. A message reached a child that does not hold its version while another live child does: the
    child waits `HAND_BACK_PAUSE_S` and publishes the still-queued jobs again (`Child.turn_away`).
-8. A message delivered twice (Redis's visibility timeout, a redelivery after 2) is harmless: a
+9. A message delivered twice (Redis's visibility timeout, a redelivery after 2) is harmless: a
    claim takes a queued job once, and results are fenced by the lease.
-9. The client retries its own requests (`tffleet.client.protocol.Retries`) after a transport
+10. The client retries its own requests (`tffleet.client.protocol.Retries`) after a transport
    error, 429 or 503; a submit goes again under the same `Idempotency-Key`, so it never stores a
    second job.
-10. A client asks for it: `POST /v1/jobs/{id}/retry` queues a failed or canceled job again under
+11. A client asks for it: `POST /v1/jobs/{id}/retry` queues a failed or canceled job again under
    its id (`db.jobs.retry`), published as a new job is. `attempts` keeps counting; the attempt
    budget (3) counts only the claims since the retry (`budget_from`), and it batches with other
    jobs as a new one does until it is lost again (4).
@@ -50,7 +54,7 @@ What never runs again
   worker can load its version (`model_error`), it ran alone past its time limit (`timeout`). The
   same input would fail the same way.
 - A job that used its attempt budget (`worker_lost`), and a canceled job, unless a client
-  retries it (10).
+  retries it (11).
 - A job past its deadline (`Cancel-After`): the claim cancels it instead of starting it, and the
   sweeper cancels it if it is queued or running (`db.jobs.cancel_overdue`).
 - Inputs that do not fit the model are refused at submit (422, `invalid_input`): no job is stored.
@@ -62,16 +66,19 @@ from typing import Any
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from tffleet.objectstore import StoreUnavailable
+
 # Faults that are nobody's fault but the database's: hand the jobs back, retry the task.
 # IntegrityError and the like are bugs, not blinks: they fail loudly instead.
 INFRA_ERRORS = (OperationalError, InterfaceError)
 
-# The longest pause between two tries of a task that met `INFRA_ERRORS`.
+# The longest pause between two tries of a task that met `INFRA_ERRORS` or `StoreUnavailable`.
 TASK_BACKOFF_MAX_S = 30
 
 # Celery's own retry of `run_batch` (its task options): 1, 2, 4 ... 30 s, jittered, no limit.
+# The object store not answering is retried the same way (6): its jobs were put back already.
 TASK_RETRY: dict[str, Any] = {
-    "autoretry_for": INFRA_ERRORS,
+    "autoretry_for": (*INFRA_ERRORS, StoreUnavailable),
     "retry_backoff": True,
     "retry_backoff_max": TASK_BACKOFF_MAX_S,
     "retry_jitter": True,

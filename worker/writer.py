@@ -1,7 +1,11 @@
 """The writer's stage of a child's pipeline: encode a batch's outputs, write them under their
 leases in one transaction, and announce the jobs that ended.
 
-A database error hands the batch's leases back and raises, for the task to retry.
+An output too large for a row goes to the object store first, as a whole .npy that the row
+references (worker/objects.py); the job is marked as owning objects before any is written.
+A database error hands the batch's leases back and raises, for the task to retry; a store that
+does not take an output puts that job back, unstarted as far as its attempts go, and raises
+once the others are written.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from worker import handoff, metrics, pipeline
 from worker.announcer import Notify
 from worker.handoff import Wake
 from worker.heartbeat import Heartbeat
-from worker.pipeline import Ran, Task
+from worker.objects import Objects, Written
+from worker.pipeline import Failure, Ran, Task
 from worker.retry import INFRA_ERRORS
 
 
@@ -52,6 +57,8 @@ class Writer:
     notify: Notify
     wake: Wake
     thread: ThreadPoolExecutor
+    # The child's object store, for outputs too large for a row (None: every output inline).
+    objects: Objects | None = None
     report: BatchReport = field(default_factory=BatchReport)
     _pending: Future[BatchReport] | None = field(default=None, init=False, repr=False)
 
@@ -65,23 +72,31 @@ class Writer:
             self.report.add(pending.result())
 
     def write(self, ran: Ran) -> BatchReport:
-        """Encode, write in one transaction, announce."""
+        """Write large outputs to the store, encode, write in one transaction, announce."""
         model, version, leases = self.task.model, self.task.version, ran.leases
         report = BatchReport(claimed=len(leases), samples=sum(lease.samples for lease in leases))
-        outcomes = pipeline.encode(ran)
-        succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
-        failed = [(lease, out) for lease, out in outcomes if isinstance(out, str)]
         try:
+            stored, skipped = self._store(ran)
+            outcomes = pipeline.encode(ran, references=stored.references)
+            outcomes = [(lease, out) for lease, out in outcomes if lease.job_id not in skipped]
+            succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
+            failed = [(lease, out) for lease, out in outcomes if not isinstance(out, bytes)]
             with self.sessions.begin() as session:
                 finished_at = clock.now(session)
-                report.written = jobs.complete(session=session, results=succeeded, now=finished_at)
+                report.written = jobs.complete(
+                    session=session, results=succeeded, now=finished_at, stored=stored.sizes
+                )
                 whole = report.written == len(succeeded)
-                for lease, message in failed:
+                for lease, failure in failed:
+                    code, message = _code_and_message(failure)
                     report.written += jobs.fail(
+                        session=session, leases=[lease], code=code, message=message
+                    )
+                if stored.unwritten:
+                    jobs.unclaim(
                         session=session,
-                        leases=[lease],
-                        code=JobErrorCode.MODEL_ERROR,
-                        message=message,
+                        leases=stored.unwritten,
+                        reason=f"the object store did not take its outputs ({stored.error})",
                     )
                 # Split jobs whose last part this was end now, in the same transaction.
                 joined = parts.settle(session=session, parent_ids=parents(leases))
@@ -122,7 +137,33 @@ class Writer:
                 )
             )
         self.notify([*ended, *joined])
+        if stored.error is not None:
+            raise stored.error  # the task tries again later, as after a lost database
         return report
+
+    def _store(self, ran: Ran) -> tuple[Written, set[str]]:
+        """Write the outputs too large for a row to the store, each job marked as owning
+        objects first (`reserve_storage`, its own transaction: committed before any write).
+        Returns what was written, and the jobs not to complete now: those whose lease no
+        longer held (their result would be fenced out) and those the store did not take."""
+        if self.objects is None:
+            return Written(), set()
+        big = self.objects.too_big(ran.outputs)
+        if not big:
+            return Written(), set()
+        with self.sessions.begin() as session:
+            held = {lease.job_id for lease in jobs.reserve_storage(session=session, leases=big)}
+        written = self.objects.write(
+            [(lease, out) for lease, out in ran.outputs if lease.job_id in held]
+        )
+        lost = {lease.job_id for lease in big if lease.job_id not in held}
+        return written, lost | {lease.job_id for lease in written.unwritten}
+
+
+def _code_and_message(failure: str | Failure) -> tuple[JobErrorCode, str]:
+    if isinstance(failure, Failure):
+        return failure.code, failure.message
+    return JobErrorCode.MODEL_ERROR, failure
 
 
 def parents(leases: Sequence[Lease]) -> set[str]:

@@ -20,7 +20,8 @@
 - leases: `heartbeat` extends a lease while its batch runs; `complete`, `fail`, `release` write
   only where the lease still matches (owner and attempt), so a stale or duplicate worker cannot
   overwrite a result; `fail` ends it with a `JobErrorCode`, `release` hands it back to the queue
-  after a fault that is not the job's. `expire_leases` (the sweeper) takes back jobs whose lease
+  after a fault that is not the job's; `reserve_storage` marks a job as owning objects before its
+  worker writes them. `expire_leases` (the sweeper) takes back jobs whose lease
   ran out: `queued` again, or `failed` (`worker_lost`) once they used their attempt budget;
   `take_back_from` does the same at once for a child its worker saw die (its main process).
 - control: `cancel`, any unfinished job; a running job's late result is then fenced out. A job
@@ -58,6 +59,7 @@ from db.jobs.leases import (
     fail,
     heartbeat,
     release,
+    reserve_storage,
     take_back_from,
     unclaim,
 )
@@ -115,6 +117,7 @@ __all__ = [
     "queued_ids",
     "release",
     "remove",
+    "reserve_storage",
     "retry",
     "some_queued",
     "stale_queued",

@@ -68,6 +68,7 @@ def _claim_statement(*, fresh_only: bool, history: bool = True) -> Update:
             _jobs.c.cache_key,
             _jobs.c.deadline_at,
             _jobs.c.webhook_events,
+            _jobs.c.tenant,
         )
     )
 
@@ -135,6 +136,7 @@ def _claim_ids(
             cache_key=row.cache_key,
             deadline_at=row.deadline_at,
             webhook_events=row.webhook_events,
+            tenant=row.tenant,
         )
         for row in rows
     ]

@@ -12,11 +12,11 @@ Called by worker children (the heartbeat thread, the batch's writer), the sweepe
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, Update, and_, bindparam, select, update
+from sqlalchemy import ColumnElement, Update, and_, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from db import cache, clock, webhooks
@@ -41,6 +41,7 @@ class Lease:
     cache_key: str | None = None  # its outputs go to the response cache (db/cache.py)
     deadline_at: datetime | None = None  # as stored (`Cancel-After`), for its announcement
     webhook_events: int | None = None  # its webhook's events: its end is recorded for them
+    tenant: str | None = None  # whose job: its objects in the store lie under the tenant's prefix
 
 
 # ─── Heartbeat ────────────────────────────────────────────────────────────────────────────────────
@@ -95,30 +96,49 @@ def _complete_statement() -> Update:
         status=JobStatus.SUCCEEDED.value,
         outputs=bindparam("b_outputs"),
         finished_at=bindparam("b_now"),
+        # Null stays null (the job owns no object) where nothing was stored: NULL + 0 is NULL;
+        # a job that stored outputs was set to at least 0 first (`reserve_storage`).
+        stored_bytes=_jobs.c.stored_bytes + bindparam("b_stored"),
         lease_owner=None,
         lease_expires_at=None,
     )
 
 
 def complete(
-    *, session: Session, results: Sequence[tuple[Lease, bytes]], now: datetime | None = None
+    *,
+    session: Session,
+    results: Sequence[tuple[Lease, bytes]],
+    now: datetime | None = None,
+    stored: Mapping[str, int] | None = None,
 ) -> int:
     """Write outputs where the lease still matches; returns how many were written.
 
-    `now`: the `finished_at` to store, when the caller must know it exactly."""
+    `now`: the `finished_at` to store, when the caller must know it exactly. `stored`: by job
+    id, the bytes of the outputs its worker wrote to the object store (under a
+    `reserve_storage` of the same lease), added to the job's `stored_bytes`."""
     if not results:
         return 0
     now = now or clock.now(session)
+    stored = stored or {}
     # Outputs are the inputs' whatever the fence says: cached even where a late one is dropped.
+    # Not outputs that point into the store: those objects go with their job (DELETE, ttl), and
+    # a cached reference would outlive them.
     cache.remember(
         session=session,
-        entries=[(lease.cache_key, out) for lease, out in results if lease.cache_key],
+        entries=[
+            (lease.cache_key, out)
+            for lease, out in results
+            if lease.cache_key and lease.job_id not in stored
+        ],
         now=now,
     )
     written = _fenced_update(
         session,
         _complete_statement(),
-        [_fence(lease, b_outputs=outputs, b_now=now) for lease, outputs in results],
+        [
+            _fence(lease, b_outputs=outputs, b_now=now, b_stored=stored.get(lease.job_id, 0))
+            for lease, outputs in results
+        ],
     )
     _record_ended(session, [lease for lease, _ in results], now)
     return written
@@ -156,6 +176,19 @@ def fail(*, session: Session, leases: Sequence[Lease], code: JobErrorCode, messa
     return failed
 
 
+def reserve_storage(*, session: Session, leases: Sequence[Lease]) -> list[Lease]:
+    """Mark held jobs as owning objects in the store (`stored_bytes` at least 0) before their
+    worker writes any: whoever deletes a job row with `stored_bytes` set deletes its prefix too,
+    so a crash between the write and `complete` leaves no object that nothing accounts for.
+    Returns the leases that still held (one fenced UPDATE each: their objects may be written)."""
+    statement = _fenced_statement(stored_bytes=func.coalesce(_jobs.c.stored_bytes, 0))
+    held = []
+    for lease in sorted(leases, key=lambda lease: lease.job_id):  # id order, as `_fenced_update`
+        if _fenced_update(session, statement, [_fence(lease)]):
+            held.append(lease)
+    return held
+
+
 def release(*, session: Session, leases: Sequence[Lease]) -> int:
     """Hand held jobs back to the queue (an infrastructure fault, not the job's)."""
     if not leases:
@@ -170,10 +203,16 @@ def release(*, session: Session, leases: Sequence[Lease]) -> int:
     )
 
 
-def unclaim(*, session: Session, leases: Sequence[Lease]) -> int:
+def unclaim(
+    *,
+    session: Session,
+    leases: Sequence[Lease],
+    reason: str = "its worker began shutting down before it ran",
+) -> int:
     """Undo the claim of jobs whose batch never started (the worker began shutting down while it
-    claimed them): queued again as if never claimed, so they are not taken for jobs that may have
-    killed a child and run alone. Fenced: a lease that no longer matches changes nothing."""
+    claimed them, the object store did not answer): queued again as if never claimed, so they
+    are not taken for jobs that may have killed a child and run alone, and cost no attempt.
+    Fenced: a lease that no longer matches changes nothing. `reason` goes to their history."""
     if not leases:
         return 0
     return _fenced_update(
@@ -185,9 +224,7 @@ def unclaim(*, session: Session, leases: Sequence[Lease]) -> int:
             lease_expires_at=None,
             worker=None,
             started_at=None,
-            history=_logged(
-                "put back", clock.now(session), "its worker began shutting down before it ran"
-            ),
+            history=_logged("put back", clock.now(session), reason),
         ),
         [_fence(lease) for lease in leases],
     )
