@@ -21,7 +21,7 @@ from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED, exposition
 from api.protocols.oip import routes as oip
 from api.protocols.tfserving import routes as tfserving
-from api.routes import console, events, health, jobs, models, webhooks
+from api.routes import console, events, health, jobs, models, uploads, webhooks
 from api.schemas import json_response
 from api.state import AppState, SignatureCache
 from api.storage import StorageCollector, database_source
@@ -31,6 +31,7 @@ from db.engine import WalCheckpointer, make_engine, make_sessionmaker, readonly
 from tffleet import __version__
 from tffleet.broker import PUBLISH_SOCKET_TIMEOUT_S, Publisher, make_celery
 from tffleet.errors import InvalidInput, ServiceUnavailable, TffleetError
+from tffleet.objectstore import open_store
 from tffleet.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             reader=JobReader(reads),
             admission=Admission(reads, settings),
             auth=Authenticator(reads, enabled=settings.auth),
+            # Opened here, not connected: an S3 store is reached at its first call (nothing to
+            # close; a store down answers 503 where it is needed, not at start).
+            objects=open_store(settings.object_store),
         )
         checkpointer = WalCheckpointer(engine)
         checkpointer.start()
@@ -134,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/console/assets", StaticFiles(directory=console.ASSETS), name="console-assets")
     app.include_router(console.router)
     app.include_router(jobs.router)
+    app.include_router(uploads.router)
     app.include_router(events.router)
     app.include_router(models.router)
     app.include_router(tfserving.router)

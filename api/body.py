@@ -9,12 +9,16 @@ Large tensors travel as binary envelopes, which parse in a few milliseconds per 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
 
-from tffleet.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from tffleet import tensors
+from tffleet.errors import InvalidInput, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+
+_T = TypeVar("_T")
 
 
 def _is_json(content_type: str) -> bool:
@@ -77,3 +81,92 @@ async def read_bytes(request: Request, *, max_bytes: int) -> bytes:
         if chunk:
             chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+# ─── An .npy streamed on (into the object store), never held whole ──────────────────────────────
+
+# The most an .npy header may take (np.load's own limit, with its magic and length).
+_NPY_MAX_HEADER = 12 + 10_000
+
+
+async def npy_stream(
+    request: Request, *, max_bytes: int
+) -> tuple[tensors.NpyHeader, AsyncIterator[bytes]]:
+    """An `application/x-npy` body whose header is read from its first bytes and checked (a
+    tensor that can go by reference: a number or bool dtype, little-endian, C order), and the
+    whole body (header included) as chunks to stream on. The chunks raise 422 naming `body`
+    where the body holds more or fewer bytes than its header says: a writer fed them keeps
+    nothing. 413 past `max_bytes`, from the header's size before a byte is streamed."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {max_bytes} bytes")
+    chunks = aiter(request.stream())
+    head = bytearray()
+    need = 12
+    while len(head) < need:
+        chunk = await anext(chunks, None)
+        if chunk is None:
+            break
+        head += chunk
+        if len(head) >= 12 and need == 12:
+            need = max(need, _npy(tensors.npy_header_size, bytes(head[:12])))
+            if need > _NPY_MAX_HEADER:
+                raise InvalidInput(f"body: an .npy header of {need} bytes is over 10000")
+    if not head:
+        raise InvalidInput("body: empty; expected an .npy file (what np.save writes)")
+    header = _npy(tensors.read_npy_header, bytes(head[:need]))
+    _check_by_reference(header)
+    total = header.offset + header.nbytes
+    if total > max_bytes:
+        raise PayloadTooLarge(
+            f"body: dtype {header.dtype.name} and shape {list(header.shape)} make {total} bytes, "
+            f"over the limit of {max_bytes} bytes"
+        )
+    if declared is not None and declared.isdigit() and int(declared) != total:
+        raise InvalidInput(_size_mismatch(header, int(declared) - header.offset))
+    return header, _counted(bytes(head), chunks, header, total)
+
+
+def _npy(read: Callable[[bytes], _T], data: bytes) -> _T:
+    try:
+        return read(data)
+    except tensors.TensorError as exc:
+        raise InvalidInput(f"body: {exc}") from None
+
+
+def _check_by_reference(header: tensors.NpyHeader) -> None:
+    """A tensor stored as the object it came in must be one a worker reads as it lies."""
+    dtype = header.dtype
+    if dtype.name not in tensors.DTYPES:
+        raise InvalidInput(
+            f"body: dtype {dtype.name} cannot go by reference (numbers and bool only); send "
+            "strings inline"
+        )
+    if dtype.byteorder == ">":
+        raise InvalidInput("body: a big-endian array; save it little-endian (.astype('<...'))")
+    if header.fortran_order and len(header.shape) > 1:
+        raise InvalidInput("body: a Fortran-order array; save np.ascontiguousarray(array)")
+
+
+def _size_mismatch(header: tensors.NpyHeader, held: int) -> str:
+    return (
+        f"body: holds {held} bytes of data but dtype {header.dtype.name} and shape "
+        f"{list(header.shape)} need {header.nbytes}"
+    )
+
+
+async def _counted(
+    head: bytes, rest: AsyncIterator[bytes], header: tensors.NpyHeader, total: int
+) -> AsyncIterator[bytes]:
+    size = len(head)
+    if size > total:
+        raise InvalidInput(_size_mismatch(header, size - header.offset))
+    yield head
+    async for chunk in rest:
+        size += len(chunk)
+        if size > total:
+            raise InvalidInput(_size_mismatch(header, size - header.offset))
+        if chunk:
+            yield chunk
+    if size != total:
+        raise InvalidInput(_size_mismatch(header, size - header.offset))

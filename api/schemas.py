@@ -183,6 +183,31 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
+class TensorRef(BaseModel):
+    """A tensor given by reference, wherever a tensor goes in a job's `inputs`: an upload of the
+    caller's tenant (`POST /v1/uploads`), checked against the signature as a tensor is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uri: str = Field(examples=["tffleet://uploads/0c5e8a1f2b3d4e5f60718293a4b5c6d7"])
+
+
+class UploadOut(BaseModel):
+    """An upload as stored: the URI a job names it by, and until when it is kept."""
+
+    uri: str = Field(description='`tffleet://uploads/<id>`: write `{"uri": ...}` as an input.')
+    upload_url: str | None = Field(
+        description="With `?presign=true`: PUT the .npy here (an S3 store's presigned URL)."
+    )
+    expires_at: datetime = Field(
+        description="Kept until then (TFFLEET_UPLOAD_TTL_S), and while a job naming it keeps "
+        "its inputs."
+    )
+    dtype: str | None = Field(description="Null until a presigned upload is first referenced.")
+    shape: list[int] | None
+    size: int | None = Field(description="The .npy's bytes, header included.")
+
+
 class JobBatchOut(BaseModel):
     jobs: list[JobOut]
 

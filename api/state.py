@@ -1,4 +1,5 @@
-"""What the API process holds for its life: database, broker, completion waiter, signature cache."""
+"""What the API process holds for its life: database, broker, object store, completion waiter,
+signature cache."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from api.waiter import CompletionWaiter
 from db import clock, presence, registry
 from db.models import ModelVersion
 from tffleet.broker import Publisher
+from tffleet.objectstore import ObjectStore
 from tffleet.settings import Settings
 
 
@@ -78,6 +80,8 @@ class AppState:
     reader: JobReader
     admission: Admission
     auth: Authenticator
+    # Large tensors: uploads, inputs over TFFLEET_INLINE_MAX_BYTES, outputs by reference.
+    objects: ObjectStore
 
 
 def get_state(request: Request) -> AppState:

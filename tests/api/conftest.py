@@ -14,12 +14,14 @@ app's background tasks (the completion channel's subscription) make progress onl
 from __future__ import annotations
 
 import base64
+import os
 import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -136,8 +138,12 @@ OpenApi = Callable[..., AbstractAsyncContextManager[Api]]
 
 
 @pytest.fixture
-def open_api(db_url: str, redis_url: str, models: dict[str, Any], sessions: Sessions) -> OpenApi:
-    """Start the app (running its lifespan) with test settings, overridable per call."""
+def open_api(
+    db_url: str, redis_url: str, models: dict[str, Any], sessions: Sessions, tmp_path: Path
+) -> OpenApi:
+    """Start the app (running its lifespan) with test settings, overridable per call. Its object
+    store is the test's (`object_store_url`, where the test asks for one), else a directory of
+    its own."""
 
     @asynccontextmanager
     async def open_(**overrides: Any) -> AsyncIterator[Api]:
@@ -145,6 +151,8 @@ def open_api(db_url: str, redis_url: str, models: dict[str, Any], sessions: Sess
             "database_url": db_url,
             "broker_url": redis_url,
             "max_body_bytes": MAX_BODY_BYTES,
+            "object_store": os.environ.get("TFFLEET_OBJECT_STORE")
+            or (tmp_path / "objects").as_uri(),
         }
         values.update(overrides)
         app = create_app(Settings(**values))

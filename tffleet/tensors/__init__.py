@@ -5,7 +5,8 @@
     wire.py     in a JSON body: nested lists, or a `{"b64", "dtype", "shape"}` envelope
                 (`decode`, `encode`)
     npy.py      as a binary body: NumPy's .npy and .npz, read as views and written with one copy
-                (`read_npy`, `read_npz`, `write_npy`, `write_npz`, `from_array`)
+                (`read_npy`, `read_npz`, `write_npy`, `write_npz`, `from_array`); an .npy's
+                header alone, for a body streamed on (`npy_header_size`, `read_npy_header`)
     packed.py   at rest: named tensors in one blob, a JSON header then the raw bytes, or a
                 `Reference` into an object of the store (`pack`, `unpack`, `references`)
 
@@ -26,9 +27,12 @@ from tffleet.tensors.npy import (
     MAX_NPZ_MEMBERS,
     NPY,
     NPZ,
+    NpyHeader,
     from_array,
+    npy_header_size,
     npz_of_blob,
     read_npy,
+    read_npy_header,
     read_npz,
     write_npy,
     write_npz,
@@ -44,6 +48,7 @@ __all__ = [
     "STRING",
     "SUPPORTED_DTYPES",
     "MissingObject",
+    "NpyHeader",
     "Reference",
     "TensorError",
     "as_bytes",
@@ -52,9 +57,11 @@ __all__ = [
     "encode",
     "from_array",
     "is_string",
+    "npy_header_size",
     "npz_of_blob",
     "pack",
     "read_npy",
+    "read_npy_header",
     "read_npz",
     "references",
     "unpack",

@@ -13,6 +13,8 @@ import math
 import struct
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,11 +39,37 @@ _ZIP_LOCAL = struct.Struct("<4s22xHH")
 _ZIP_ENCRYPTED = 0x1  # a flag bit
 
 
-def read_npy(data: bytes | memoryview) -> np.ndarray:
-    """The array an .npy file holds: a read-only view of `data`, no copy. Never unpickles
-    (an array of Python objects is refused)."""
-    view = memoryview(data)
-    head = _Head(view)
+@dataclass(frozen=True)
+class NpyHeader:
+    """What an .npy header says: its array's dtype and shape, and where its data starts."""
+
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    fortran_order: bool
+    offset: int  # the header's length: the data's first byte
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def npy_header_size(prefix: bytes | memoryview) -> int:
+    """How many bytes an .npy's header takes, read from its first 12 (fewer only if the body is
+    that short): what to read before `read_npy_header`, when the body arrives in chunks."""
+    view = memoryview(prefix)
+    if bytes(view[:6]) != b"\x93NUMPY" or len(view) < 10:
+        raise TensorError("not an .npy array (no \\x93NUMPY magic string)")
+    if view[6] == 1:
+        return 10 + int.from_bytes(view[8:10], "little")
+    if len(view) < 12:
+        raise TensorError("the .npy header is cut short")
+    return 12 + int.from_bytes(view[8:12], "little")
+
+
+def read_npy_header(data: bytes | memoryview) -> NpyHeader:
+    """The header at the start of `data` (the whole .npy, or its first `npy_header_size`
+    bytes), checked as `read_npy` checks it; the data is not read."""
+    head = _Head(memoryview(data))
     try:
         version = np.lib.format.read_magic(head)
     except ValueError:
@@ -71,15 +99,24 @@ def read_npy(data: bytes | memoryview) -> np.ndarray:
         )
     if dtype.fields is not None or dtype.subdtype is not None or dtype.itemsize == 0:
         raise TensorError(f"dtype {dtype} is no tensor's (structured, a subarray, or empty)")
+    return NpyHeader(dtype, tuple(shape), bool(fortran_order), head.at)
+
+
+def read_npy(data: bytes | memoryview) -> np.ndarray:
+    """The array an .npy file holds: a read-only view of `data`, no copy. Never unpickles
+    (an array of Python objects is refused)."""
+    view = memoryview(data)
+    header = read_npy_header(view)
+    shape, dtype = header.shape, header.dtype
     count = math.prod(shape)
-    need, held = count * dtype.itemsize, len(view) - head.at
+    need, held = header.nbytes, len(view) - header.offset
     if held != need:
         raise TensorError(
             f"holds {held} bytes of data but dtype {dtype.name} and shape {list(shape)} need {need}"
         )
     try:
-        flat = np.frombuffer(view, dtype=dtype, count=count, offset=head.at)
-        return flat.reshape(shape[::-1]).T if fortran_order else flat.reshape(shape)
+        flat = np.frombuffer(view, dtype=dtype, count=count, offset=header.offset)
+        return flat.reshape(shape[::-1]).T if header.fortran_order else flat.reshape(shape)
     except ValueError as exc:
         raise TensorError(f"shape {list(shape)} is not supported ({exc})") from None
 

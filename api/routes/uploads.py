@@ -1,0 +1,151 @@
+"""POST /v1/uploads: a tensor put in the object store once, for jobs to name by URI (DESIGN §13).
+
+The body, an .npy, is streamed into the store as it arrives and never held whole: its header,
+read from the first bytes, says the dtype and shape, and the bytes that follow must be exactly
+as many as those make. Only then is the upload's row written; a body that is no .npy, or that
+holds more or fewer bytes, leaves neither object nor row. With `?presign=true` and no body, the
+answer holds a URL to PUT the .npy to (an S3 store only), checked when a job first names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+
+from api.body import npy_stream
+from api.negotiation import media_type
+from api.schemas import UploadOut, error_responses, json_response
+from api.state import AppState, get_state
+from db import clock, objects
+from db.tenants import Caller
+from tffleet import tensors
+from tffleet.errors import InvalidInput, UnsupportedMediaType
+from tffleet.objectstore import StoreUnavailable, keys
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
+
+_NPY_BODY = {
+    "requestBody": {
+        "required": False,
+        "content": {
+            tensors.NPY: {
+                "schema": {"type": "string", "format": "binary"},
+                "example": "(what np.save writes)",
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=UploadOut,
+    responses=error_responses(400, 413, 415, 422, 503),
+    openapi_extra=_NPY_BODY,
+)
+async def upload(
+    request: Request,
+    presign: Annotated[
+        bool, Query(description="No body: answer a URL to PUT the .npy to (an S3 store).")
+    ] = False,
+) -> Response:
+    """Store a tensor (`Content-Type: application/x-npy`, what `np.save` writes: a number or
+    bool dtype) for jobs to name as an input: `{"uri": "tffleet://uploads/<id>"}` wherever a
+    tensor goes. The body is streamed into the object store, never held whole; 413 past
+    TFFLEET_MAX_UPLOAD_BYTES, 422 for a body that is no .npy or holds more or fewer bytes than
+    its header says. Kept TFFLEET_UPLOAD_TTL_S, and while a job naming it keeps its inputs.
+
+    `?presign=true` with no body: the answer's `upload_url` takes the .npy by PUT, straight to
+    the store (S3 only); its header is checked when a job first names it."""
+    state = get_state(request)
+    caller = await state.auth(request)
+    upload_id = keys.new_upload_id()
+    key = keys.upload_key(caller.tenant, upload_id)
+    if presign:
+        return await _presigned(state, request, caller, upload_id, key)
+    media = media_type(request.headers.get("content-type", ""))
+    if media == tensors.NPZ:
+        raise UnsupportedMediaType(
+            f"Content-Type {tensors.NPZ}: an upload is one tensor, {tensors.NPY} (np.save); "
+            "upload each array of an .npz on its own"
+        )
+    if media != tensors.NPY:
+        raise UnsupportedMediaType(f"Content-Type must be {tensors.NPY} (what np.save writes)")
+    header, chunks = await npy_stream(request, max_bytes=state.settings.max_upload_bytes)
+    size = await state.objects.put_stream_async(key, chunks)
+    try:
+        expires_at = await run_in_threadpool(
+            _record, state, caller, upload_id, size, header.dtype.name, list(header.shape)
+        )
+    except BaseException:
+        # No row names the object: it goes now (or, the store down too, stays an orphan).
+        with contextlib.suppress(StoreUnavailable):
+            await state.objects.delete_async([key])
+        raise
+    return _answer(upload_id, None, expires_at, header.dtype.name, list(header.shape), size)
+
+
+async def _presigned(
+    state: AppState, request: Request, caller: Caller, upload_id: str, key: str
+) -> Response:
+    if not state.objects.presigns:
+        raise InvalidInput(
+            f"presign: needs an S3 object store (TFFLEET_OBJECT_STORE=s3://...); this fleet's "
+            f"is {state.objects.url}: send the .npy as the body instead"
+        )
+    async for chunk in request.stream():
+        if chunk:
+            raise InvalidInput("body: must be empty with presign=true (PUT the .npy to upload_url)")
+    ttl_s = state.settings.upload_ttl_s
+    url = state.objects.presign_put(key, ttl_s)
+    expires_at = await run_in_threadpool(_record, state, caller, upload_id, None, None, None)
+    return _answer(upload_id, url, expires_at, None, None, None)
+
+
+def _record(
+    state: AppState,
+    caller: Caller,
+    upload_id: str,
+    size: int | None,
+    dtype: str | None,
+    shape: list[int] | None,
+) -> datetime:
+    with state.sessions.begin() as session:
+        expires_at = clock.now(session) + timedelta(seconds=state.settings.upload_ttl_s)
+        objects.create_upload(
+            session=session,
+            upload_id=upload_id,
+            tenant=caller.tenant,
+            expires_at=expires_at,
+            size=size,
+            dtype=dtype,
+            shape=shape,
+        )
+    return expires_at
+
+
+def _answer(
+    upload_id: str,
+    url: str | None,
+    expires_at: datetime,
+    dtype: str | None,
+    shape: list[int] | None,
+    size: int | None,
+) -> Response:
+    body: dict[str, Any] = {
+        "uri": keys.upload_uri(upload_id),
+        "upload_url": url,
+        "expires_at": expires_at.isoformat(),
+        "dtype": dtype,
+        "shape": shape,
+        "size": size,
+    }
+    return json_response(body, 201)
