@@ -42,14 +42,15 @@ def test_run_batch_is_registered_under_its_stable_name() -> None:
     assert task.reject_on_worker_lost is True
 
 
-def test_run_batch_retries_database_errors_with_backoff_and_nothing_else() -> None:
+def test_run_batch_retries_database_and_object_store_errors_with_backoff_and_nothing_else() -> None:
     from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
     import worker.tasks  # noqa: F401  (registers the task)
+    from tffleet.objectstore import StoreUnavailable
 
     task = celery_app.tasks[RUN_BATCH_TASK]
 
-    assert set(task.autoretry_for) == {OperationalError, InterfaceError}
+    assert set(task.autoretry_for) == {OperationalError, InterfaceError, StoreUnavailable}
     assert not issubclass(IntegrityError, tuple(task.autoretry_for))  # a bug, not a blink
     assert task.retry_backoff is True and task.retry_backoff_max == 30
     assert task.max_retries is None
