@@ -115,7 +115,9 @@ async def npy_stream(
     if not head:
         raise InvalidInput("body: empty; expected an .npy file (what np.save writes)")
     header = _npy(tensors.read_npy_header, bytes(head[:need]))
-    _check_by_reference(header)
+    problem = by_reference_problem(header)
+    if problem is not None:
+        raise InvalidInput(f"body: {problem}")
     total = header.offset + header.nbytes
     if total > max_bytes:
         raise PayloadTooLarge(
@@ -134,18 +136,20 @@ def _npy(read: Callable[[bytes], _T], data: bytes) -> _T:
         raise InvalidInput(f"body: {exc}") from None
 
 
-def _check_by_reference(header: tensors.NpyHeader) -> None:
-    """A tensor stored as the object it came in must be one a worker reads as it lies."""
+def by_reference_problem(header: tensors.NpyHeader) -> str | None:
+    """Why an .npy cannot be stored as the object a job references (a worker reads it as it
+    lies: a number or bool dtype, little-endian, C order), or None."""
     dtype = header.dtype
     if dtype.name not in tensors.DTYPES:
-        raise InvalidInput(
-            f"body: dtype {dtype.name} cannot go by reference (numbers and bool only); send "
-            "strings inline"
+        return (
+            f"dtype {dtype.name} cannot go by reference (numbers and bool only); send strings "
+            "inline"
         )
     if dtype.byteorder == ">":
-        raise InvalidInput("body: a big-endian array; save it little-endian (.astype('<...'))")
+        return "a big-endian array; save it little-endian (.astype('<...'))"
     if header.fortran_order and len(header.shape) > 1:
-        raise InvalidInput("body: a Fortran-order array; save np.ascontiguousarray(array)")
+        return "a Fortran-order array; save np.ascontiguousarray(array)"
+    return None
 
 
 def _size_mismatch(header: tensors.NpyHeader, held: int) -> str:

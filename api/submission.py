@@ -19,15 +19,17 @@ import orjson
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
+from api import references
 from api.ingest import job_view
 from api.schemas import JobBatchCreate, JobCreate
 from api.state import AppState
 from api.validation import read_binary, validate_inputs
 from db import cache, jobs
 from db import webhooks as db_webhooks
+from db.ids import new_job_id
 from db.models import FINISHED
 from db.tenants import Caller, Limits
-from tffleet import tensors, webhooks
+from tffleet import webhooks
 from tffleet.errors import InvalidInput, InvalidRequest, TffleetError
 
 _FINISHED = {status.value for status in FINISHED}
@@ -74,13 +76,17 @@ def request_hash(new: Sequence[jobs.NewJob]) -> str:
     deadline (`Cancel-After`, where given), webhook and its events (where given), inputs."""
     digest = hashlib.sha256()
     for job in new:
-        head: list[object] = [job.model, job.version, job.priority, job.ttl_s, len(job.inputs)]
+        # Inputs with objects of the job's own are hashed by their bytes (`content`), not
+        # by keys that name the job; a reference to an upload by its key: equal bytes under
+        # two uploads are two requests.
+        inputs = job.content if job.content is not None else job.inputs
+        head: list[object] = [job.model, job.version, job.priority, job.ttl_s, len(inputs)]
         if job.cancel_after_s is not None:  # appended: the hashes of keys stored before hold
             head.append(job.cancel_after_s)
         if job.webhook is not None:  # likewise
             head += ["webhook", job.webhook, job.webhook_events]
         digest.update(orjson.dumps(head))
-        digest.update(job.inputs)
+        digest.update(inputs)
     return digest.hexdigest()
 
 
@@ -104,9 +110,15 @@ def prepare(
     key: str | None = None,
     *,
     cancel_after_s: float | None = None,
+    uris: references.Uris | None = None,
+    staged: references.Staged | None = None,
 ) -> list[jobs.NewJob]:
     """Check every job against its signature and the tenant's limits before anything is
-    stored; a retention longer than the tenant's longest is cut to it."""
+    stored; a retention longer than the tenant's longest is cut to it.
+
+    `uris`: the inputs each spec names by URI (`references.resolve`). With `staged`, inputs
+    over TFFLEET_INLINE_MAX_BYTES are staged there, to be written to the object store before
+    the jobs are stored (`references.ingest`); without it, all stay inline."""
     prepared = []
     for index, spec in enumerate(specs):
         try:
@@ -116,8 +128,12 @@ def prepare(
                     f"got {spec.priority}"
                 )
             signature = state.signatures.resolve(spec.model, spec.version)
+            named = uris[index] if uris else {}
             arrays, samples = validate_inputs(
-                spec.inputs, signature=signature["inputs"], model=spec.model
+                references.inline_inputs(spec.inputs),
+                signature=signature["inputs"],
+                model=spec.model,
+                references={name: found.reference for name, found in named.items()},
             )
             if samples > limits.max_samples_per_job:
                 raise InvalidInput(
@@ -128,17 +144,29 @@ def prepare(
             if many:
                 exc.message = f"jobs[{index}]: {exc.message}"
             raise
-        packed = tensors.pack(arrays)
+        job_id = new_job_id()
+        packed = references.pack(
+            arrays,
+            named,
+            tenant=caller.tenant,
+            job_id=job_id,
+            inline_max_bytes=state.settings.inline_max_bytes,
+            staged=staged,
+        )
         prepared.append(
             jobs.NewJob(
+                id=job_id,
                 model=signature["name"],
                 version=signature["version"],
                 samples=samples,
-                inputs=packed,
+                inputs=packed.blob,
+                stored_bytes=packed.stored_bytes,
+                uploads=tuple(sorted({found.upload_id for found in named.values()})),
+                content=packed.content,
                 priority=spec.priority,
                 ttl_s=None if spec.ttl_s is None else min(spec.ttl_s, limits.max_ttl_s),
                 tenant=caller.tenant,
-                cache_key=_cache_key(signature, caller.tenant, packed),
+                cache_key=_cache_key(signature, caller.tenant, packed.content or packed.blob),
                 cancel_after_s=cancel_after_s,
                 webhook=spec.webhook,
                 webhook_events=(
@@ -161,12 +189,15 @@ def prepare_binary(
     key: str | None = None,
     *,
     cancel_after_s: float | None = None,
+    staged: references.Staged | None = None,
 ) -> list[jobs.NewJob]:
     """`prepare` for a binary body: its arrays (views of `body`) are checked as a JSON body's
-    tensors are, and copied once, into the stored blob."""
+    tensors are, and copied once, into the stored blob (or an object staged in `staged`)."""
     inputs = read_binary(body, media)
     specs = [spec.model_copy(update={"inputs": inputs})]
-    return prepare(state, specs, False, caller, limits, key, cancel_after_s=cancel_after_s)
+    return prepare(
+        state, specs, False, caller, limits, key, cancel_after_s=cancel_after_s, staged=staged
+    )
 
 
 async def check_webhooks(state: AppState, specs: Sequence[JobCreate], many: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,13 +19,20 @@ _cast_logged = False
 
 
 def validate_inputs(
-    raw: dict[str, Any] | list[Any] | np.ndarray, *, signature: dict[str, Any], model: str
+    raw: dict[str, Any] | list[Any] | np.ndarray,
+    *,
+    signature: dict[str, Any],
+    model: str,
+    references: Mapping[str, tensors.Reference] | None = None,
 ) -> tuple[dict[str, np.ndarray], int]:
     """Decode and check every input; returns the arrays and the batch size they share.
 
     `raw` is what a JSON body gave (wire tensors by name, or one bare tensor), or what a binary
-    body gave (`read_binary`): arrays by name, or one bare array.
+    body gave (`read_binary`): arrays by name, or one bare array. `references`: inputs held in
+    the store (uploads), by name, checked by their dtype and shape alone (their values are not
+    read: a NaN in one reaches the model) and not among the arrays returned.
     """
+    references = references or {}
     names = sorted(signature)
     if isinstance(raw, list | np.ndarray) or (
         isinstance(raw, dict) and set(raw) == _ENVELOPE_KEYS and not _ENVELOPE_KEYS & set(names)
@@ -35,10 +43,10 @@ def validate_inputs(
                 "give them by name as an object"
             )
         raw = {names[0]: raw}
-    missing = [n for n in names if n not in raw]
+    missing = [n for n in names if n not in raw and n not in references]
     if missing:
         raise InvalidInput(f"inputs: missing {missing}; model {model!r} takes {names}")
-    unknown = sorted(set(raw) - set(names))
+    unknown = sorted((set(raw) | set(references)) - set(names))
     if unknown:
         raise InvalidInput(f"inputs: unknown {unknown}; model {model!r} takes {names}")
 
@@ -47,39 +55,49 @@ def validate_inputs(
     for name in names:
         spec = signature[name]
         where = f"inputs.{name}"
-        value = raw[name]
+        if name in references:
+            ref = references[name]
+            if ref.dtype != spec["dtype"]:
+                raise InvalidInput(f"{where}: expected dtype {spec['dtype']}, got {ref.dtype}")
+            batch = _check_shape(where, ref.shape, spec.get("shape"), batch)
+            continue
         try:
-            array = _cast(_decoded(value, spec["dtype"]), spec["dtype"], model=model, name=name)
+            array = _cast(_decoded(raw[name], spec["dtype"]), spec["dtype"], model=model, name=name)
         except tensors.TensorError as exc:
             raise InvalidInput(f"{where}: {exc}") from None
-        # Before the shape: `[]` is an empty batch, not a tensor of the wrong rank.
-        if array.ndim == 0:
-            raise InvalidInput(f"{where}: expected a batch (rank at least 1), got a scalar")
-        if array.shape[0] == 0:
-            raise InvalidInput(f"{where}: the batch is empty (shape {list(array.shape)})")
-        expected = spec.get("shape")
-        if expected is not None:
-            if array.ndim != len(expected):
-                raise InvalidInput(
-                    f"{where}: expected rank {len(expected)} (shape {_shape(expected)}, "
-                    f"batch first), got rank {array.ndim} (shape {list(array.shape)})"
-                )
-            for axis, (want, got) in enumerate(zip(expected[1:], array.shape[1:], strict=True)):
-                if want != -1 and want != got:
-                    raise InvalidInput(
-                        f"{where}: dimension {axis + 1} must be {want} "
-                        f"(shape {_shape(expected)}), got shape {list(array.shape)}"
-                    )
-        if batch is not None and array.shape[0] != batch:
-            raise InvalidInput(
-                f"{where}: batch size {array.shape[0]} differs from the other inputs' {batch}"
-            )
-        batch = int(array.shape[0])
+        batch = _check_shape(where, array.shape, spec.get("shape"), batch)
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             raise InvalidInput(f"{where}: contains NaN or infinity")
         arrays[name] = array
     assert batch is not None
     return arrays, batch
+
+
+def _check_shape(
+    where: str, shape: tuple[int, ...], expected: list[int] | None, batch: int | None
+) -> int:
+    """`shape` against the signature's; returns its batch size, which must be `batch` (the
+    other inputs') where that is known."""
+    # Before the shape: `[]` is an empty batch, not a tensor of the wrong rank.
+    if len(shape) == 0:
+        raise InvalidInput(f"{where}: expected a batch (rank at least 1), got a scalar")
+    if shape[0] == 0:
+        raise InvalidInput(f"{where}: the batch is empty (shape {list(shape)})")
+    if expected is not None:
+        if len(shape) != len(expected):
+            raise InvalidInput(
+                f"{where}: expected rank {len(expected)} (shape {_shape(expected)}, "
+                f"batch first), got rank {len(shape)} (shape {list(shape)})"
+            )
+        for axis, (want, got) in enumerate(zip(expected[1:], shape[1:], strict=True)):
+            if want != -1 and want != got:
+                raise InvalidInput(
+                    f"{where}: dimension {axis + 1} must be {want} "
+                    f"(shape {_shape(expected)}), got shape {list(shape)}"
+                )
+    if batch is not None and shape[0] != batch:
+        raise InvalidInput(f"{where}: batch size {shape[0]} differs from the other inputs' {batch}")
+    return int(shape[0])
 
 
 def _decoded(value: Any, dtype: str) -> np.ndarray:

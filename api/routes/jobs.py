@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from api import negotiation, openapi
+from api import negotiation, openapi, references
 from api.body import INLINE_BYTES, read_bytes, read_json
 from api.deadlines import cancel_after_s
 from api.ids import JobId
@@ -91,11 +91,13 @@ async def submit(
     deadline = cancel_after_s(request.headers.get("cancel-after"))
     media = negotiation.media_type(request.headers.get("content-type", ""))
     check: functools.partial[list[jobs.NewJob]]
+    # Inputs over TFFLEET_INLINE_MAX_BYTES, to be written to the object store (api/references.py).
+    staged = references.Staged()
     if media in negotiation.BINARY:
         body = await read_bytes(request, max_bytes=state.settings.max_body_bytes)
         specs, many = [negotiation.binary_spec(request)], False
         check = functools.partial(
-            prepare_binary, state, specs[0], body, media, cancel_after_s=deadline
+            prepare_binary, state, specs[0], body, media, cancel_after_s=deadline, staged=staged
         )
     elif negotiation.is_json(media):
         negotiation.no_binary_parameters(request)
@@ -106,7 +108,10 @@ async def submit(
         )
         many = isinstance(body, dict) and "jobs" in body
         specs = parse(JobBatchCreate, body).jobs if many else [parse(JobCreate, body)]
-        check = functools.partial(prepare, state, specs, many, cancel_after_s=deadline)
+        uris = await references.resolve(state, caller, specs, many)
+        check = functools.partial(
+            prepare, state, specs, many, cancel_after_s=deadline, uris=uris, staged=staged
+        )
     else:
         raise UnsupportedMediaType(f"Content-Type must be one of {', '.join(negotiation.ACCEPTED)}")
     await check_webhooks(state, specs, many)
@@ -118,7 +123,7 @@ async def submit(
     else:
         new = await run_in_threadpool(check, caller, limits, key)
     await state.admission.admit(len(new), tenant=caller.tenant, limits=limits)
-    ingested = await state.ingestor(new)
+    ingested = await references.ingest(state, new, staged)
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
     outs = ingested.jobs
     npz = not many and negotiation.accepts_npz(request)

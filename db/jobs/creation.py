@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from db import cache, clock, webhooks
+from db import cache, clock, objects, webhooks
 from db.ids import new_job_id
 from db.jobs._common import _deadline, _inputs, _jobs
 from db.models import DEFAULT_TENANT, Job, JobStatus
@@ -43,6 +43,17 @@ class NewJob:
     # Its webhook and the events it asked for (bits of `db.webhooks.Event`); see db/webhooks.py.
     webhook: str | None = None
     webhook_events: int | None = None
+    # Made by the caller when it must know the id before the row exists (large inputs written
+    # to the store under it first); else made here.
+    id: str | None = None
+    # Bytes of its own in the object store (large inputs), and the uploads its inputs name,
+    # pinned to it in the transaction that stores it (db/objects.py).
+    stored_bytes: int | None = None
+    uploads: tuple[str, ...] = ()
+    # What its request hash and cache key read in place of `inputs`, where those hold
+    # references to objects of its own (whose keys name the job, not the bytes): a digest of
+    # the inputs' bytes.
+    content: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ def create(*, session: Session, jobs: Sequence[NewJob]) -> list[Job]:
         ]
         if inputs:
             session.execute(insert(_inputs), inputs)
+        _pin(session, [(row["id"], job) for row, job in zip(rows, jobs, strict=True)], answered)
         _record_answered(session, rows, answered, now)
     created = [Job(**row) for row in rows]
     for job, new in zip(created, jobs, strict=True):
@@ -130,6 +142,8 @@ def create_idempotent(
     ]
     if inputs:
         session.execute(insert(_inputs), inputs)
+    made = zip(_flat(requests), _flat_rows(per_request), strict=True)
+    _pin(session, [(row["id"], job) for job, row in made if row["id"] in inserted], answered)
     _record_answered(session, [row for _, row, _ in by_key], answered & inserted, now)
     keys_by_tenant: dict[str, list[str]] = {}
     for _, row, _ in by_key:
@@ -168,6 +182,21 @@ def create_idempotent(
     return results
 
 
+def _flat(requests: Sequence[Sequence[NewJob]]) -> list[NewJob]:
+    return [job for request in requests for job in request]
+
+
+def _flat_rows(per_request: Sequence[Sequence[tuple[dict[str, Any], bytes]]]) -> list[Any]:
+    return [row for rows in per_request for row, _ in rows]
+
+
+def _pin(session: Session, made: Sequence[tuple[str, NewJob]], answered: set[str]) -> None:
+    """Pin the uploads each new job's inputs name (a job the cache answered keeps none)."""
+    for job_id, job in made:
+        if job.uploads and job_id not in answered:
+            objects.pin_uploads(session=session, job_id=job_id, upload_ids=job.uploads)
+
+
 def _record_answered(
     session: Session, rows: Sequence[dict[str, Any]], answered: set[str], now: datetime
 ) -> None:
@@ -198,7 +227,7 @@ def _uniform(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _row(job: NewJob, now: datetime) -> dict[str, Any]:
     """The `jobs` row of a new job (its inputs go to `job_inputs`)."""
     return {
-        "id": new_job_id(),
+        "id": job.id or new_job_id(),
         "tenant": job.tenant,
         "model": job.model,
         "version": job.version,
@@ -214,6 +243,7 @@ def _row(job: NewJob, now: datetime) -> dict[str, Any]:
         "deadline_at": _deadline(now, job.cancel_after_s),
         "webhook": job.webhook,
         "webhook_events": job.webhook_events,
+        "stored_bytes": job.stored_bytes,
     }
 
 

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import Upload
-from tests.api.conftest import Api, OpenApi
+from db.models import JobUpload, Upload
+from tests.api.conftest import Api, OpenApi, count_jobs, envelope, read_job
 from tffleet import tensors
 from tffleet.objectstore import ObjectStore, keys
 
@@ -197,3 +197,229 @@ async def test_uploads_take_a_key(open_api: OpenApi) -> None:
             headers={"Content-Type": tensors.NPY, "Authorization": "Bearer nope"},
         )
         assert response.status_code == 401
+
+
+# ─── References at submit ─────────────────────────────────────────────────────────────────────────
+
+
+async def uploaded(api: Api, array: np.ndarray, headers: dict[str, str] | None = None) -> str:
+    response = await api.client.post(
+        "/v1/uploads", content=npy(array), headers={"Content-Type": tensors.NPY, **(headers or {})}
+    )
+    assert response.status_code == 201, response.text
+    uri: str = response.json()["uri"]
+    return uri
+
+
+def inputs_of(api: Api, job_id: str, store: ObjectStore) -> dict[str, np.ndarray]:
+    """A job's inputs as a worker reads them: its blob, and the objects it references."""
+    blob = read_job(api.sessions, job_id).inputs
+    found = {ref.key: store.get(ref.key) for ref in tensors.references(blob).values()}
+    return tensors.unpack(blob, found)
+
+
+async def test_a_job_names_an_upload_by_uri(store_api: Api, object_store: ObjectStore) -> None:
+    uri = await uploaded(store_api, X)
+    response = await store_api.client.post(
+        "/v1/jobs", json={"model": "mlp", "inputs": {"x": {"uri": uri}}}
+    )
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    blob = read_job(store_api.sessions, job_id).inputs
+    upload_id = keys.parse_upload_uri(uri)
+    assert upload_id is not None
+    ref = tensors.references(blob)["x"]
+    assert (ref.key, ref.dtype, ref.shape, ref.nbytes) == (
+        keys.upload_key("default", upload_id), "float32", (6, 4), X.nbytes
+    )  # fmt: skip
+    assert ref.offset == len(npy(X)) - X.nbytes
+    np.testing.assert_array_equal(inputs_of(store_api, job_id, object_store)["x"], X)
+    with store_api.sessions() as session:
+        assert session.scalars(
+            select(JobUpload.upload_id).where(JobUpload.job_id == job_id)
+        ).all() == [upload_id]
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_a_bulk_request_mixes_uris_and_inline_tensors(
+    store_api: Api, object_store: ObjectStore
+) -> None:
+    uri = await uploaded(store_api, X[:2])
+    pair = {"a": [[1, 2, 3], [4, 5, 6]], "b": {"uri": await uploaded(store_api, X[:2, :2])}}
+    body = {
+        "jobs": [{"model": "pair", "inputs": pair}, {"model": "mlp", "inputs": {"x": {"uri": uri}}}]
+    }
+    response = await store_api.client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    first, second = (job["id"] for job in response.json()["jobs"])
+    pair = inputs_of(store_api, first, object_store)
+    np.testing.assert_array_equal(pair["b"], X[:2, :2])
+    np.testing.assert_array_equal(pair["a"], [[1, 2, 3], [4, 5, 6]])
+    np.testing.assert_array_equal(inputs_of(store_api, second, object_store)["x"], X[:2])
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ({"uri": "tffleet://uploads/" + "0" * 32}, "no upload tffleet://uploads/000"),
+        ({"uri": "tffleet://uploads/nothex"}, "is no upload URI"),
+        ({"uri": "https://example.com/x.npy"}, "https:// URIs are not fetched"),
+        ({"uri": "s3://bucket/x.npy"}, "s3:// URIs are not fetched"),
+        ({"uri": 7}, "a reference is"),
+        ({"uri": "tffleet://uploads/" + "0" * 32, "dtype": "float32"}, "a reference is"),
+    ],
+)
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_a_uri_that_names_no_upload_is_422_naming_the_input(
+    store_api: Api, value: dict[str, Any], says: str
+) -> None:
+    response = await store_api.client.post(
+        "/v1/jobs", json={"model": "mlp", "inputs": {"x": value}}
+    )
+    assert response.status_code == 422, response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith("inputs.x: ") and says in message, message
+    assert count_jobs(store_api.sessions) == 0
+
+
+@pytest.mark.parametrize(
+    ("array", "says"),
+    [
+        (X.astype(np.float64), "expected dtype float32, got float64"),
+        (X[:, :3], "dimension 1 must be 4"),
+        (X[0], "expected rank 2"),
+    ],
+)
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_an_upload_that_does_not_fit_the_signature_is_422(
+    store_api: Api, array: np.ndarray, says: str
+) -> None:
+    uri = await uploaded(store_api, array)
+    body = {
+        "jobs": [
+            {"model": "mlp", "inputs": {"x": X.tolist()}},
+            {"model": "mlp", "inputs": {"x": {"uri": uri}}},
+        ]
+    }
+    response = await store_api.client.post("/v1/jobs", json=body)
+    assert response.status_code == 422
+    message = response.json()["error"]["message"]
+    assert message.startswith("jobs[1]: inputs.x: ") and says in message, message
+    assert count_jobs(store_api.sessions) == 0
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_another_tenants_upload_names_nothing(store_api: Api) -> None:
+    uri = await uploaded(store_api, X, store_api.key("acme"))
+    response = await store_api.client.post(
+        "/v1/jobs", json={"model": "mlp", "inputs": {"x": {"uri": uri}}}
+    )
+    assert response.status_code == 422
+    assert "another tenant's" in response.json()["error"]["message"]
+    assert count_jobs(store_api.sessions) == 0
+
+
+@pytest.mark.parametrize("object_store_url", ["s3"], indirect=True)
+async def test_a_presigned_upload_is_checked_at_its_first_reference(store_api: Api) -> None:
+    out = (await post(store_api, b"", presign="true")).json()
+    job = {"model": "mlp", "inputs": {"x": {"uri": out["uri"]}}}
+    response = await store_api.client.post("/v1/jobs", json=job)
+    assert response.status_code == 422
+    assert "holds nothing yet" in response.json()["error"]["message"]
+    async with httpx.AsyncClient() as outside:
+        assert (await outside.put(out["upload_url"], content=npy(X))).status_code in (200, 201)
+    response = await store_api.client.post("/v1/jobs", json=job)
+    assert response.status_code == 202, response.text
+    with store_api.sessions() as session:
+        row = session.get(Upload, keys.parse_upload_uri(out["uri"]))
+        assert row is not None
+        assert (row.size, row.dtype, row.shape) == (len(npy(X)), "float32", [6, 4])
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_a_replay_of_a_keyed_request_with_a_uri_finds_its_job(store_api: Api) -> None:
+    uri = await uploaded(store_api, X)
+    job = {"model": "mlp", "inputs": {"x": {"uri": uri}}}
+    headers = {"Idempotency-Key": "ref-1"}
+    first = await store_api.client.post("/v1/jobs", json=job, headers=headers)
+    again = await store_api.client.post("/v1/jobs", json=job, headers=headers)
+    assert first.status_code == again.status_code == 202
+    assert first.json()["id"] == again.json()["id"]
+    # Equal bytes under another upload are another request.
+    other = {"model": "mlp", "inputs": {"x": {"uri": await uploaded(store_api, X)}}}
+    assert (await store_api.client.post("/v1/jobs", json=other, headers=headers)).status_code == 409
+
+
+# ─── Large inline inputs go to the store ──────────────────────────────────────────────────────────
+
+
+@pytest.fixture
+async def small_inline(object_store: ObjectStore, open_api: OpenApi) -> AsyncIterator[Api]:
+    """Inputs over 64 bytes go to the store."""
+    async with open_api(inline_max_bytes=64) as running:
+        yield running
+
+
+async def test_an_input_over_the_inline_limit_is_an_object_of_its_job(
+    small_inline: Api, object_store: ObjectStore
+) -> None:
+    big = np.arange(48, dtype=np.float32).reshape(16, 3)
+    body = {"model": "pair", "inputs": {"a": envelope(big), "b": np.ones((16, 2)).tolist()}}
+    response = await small_inline.client.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    job = read_job(small_inline.sessions, job_id)
+    refs = tensors.references(job.inputs)
+    assert list(refs) == ["a", "b"]  # 16*3*4 and 16*2*4 bytes, both over 64
+    assert refs["a"].key == keys.input_key("default", job_id, "a")
+    assert job.stored_bytes == sum(object_store.size(ref.key) or 0 for ref in refs.values())
+    arrays = inputs_of(small_inline, job_id, object_store)
+    np.testing.assert_array_equal(arrays["a"], big)
+    np.testing.assert_array_equal(arrays["b"], np.ones((16, 2)))
+    # The object is an .npy as np.load reads it.
+    np.testing.assert_array_equal(np.load(io.BytesIO(bytes(object_store.get(refs["a"].key)))), big)
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_a_replayed_request_keeps_one_set_of_objects(
+    small_inline: Api, object_store: ObjectStore
+) -> None:
+    body = {"model": "mlp", "inputs": {"x": envelope(X)}}  # 96 bytes
+    headers = {"Idempotency-Key": "big-1"}
+    first = await small_inline.client.post("/v1/jobs", json=body, headers=headers)
+    again = await small_inline.client.post("/v1/jobs", json=body, headers=headers)
+    assert first.status_code == again.status_code == 202, again.text
+    assert first.json()["id"] == again.json()["id"]
+    assert object_store.total_bytes()[0] == 1
+    changed = {"model": "mlp", "inputs": {"x": envelope(X + 1)}}
+    assert (
+        await small_inline.client.post("/v1/jobs", json=changed, headers=headers)
+    ).status_code == 409
+    assert object_store.total_bytes()[0] == 1
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_a_binary_body_over_the_inline_limit_goes_to_the_store(
+    small_inline: Api, object_store: ObjectStore
+) -> None:
+    response = await small_inline.client.post(
+        "/v1/jobs", content=npy(X), headers={"Content-Type": tensors.NPY}, params={"model": "mlp"}
+    )
+    assert response.status_code == 202, response.text
+    job_id = response.json()["id"]
+    np.testing.assert_array_equal(inputs_of(small_inline, job_id, object_store)["x"], X)
+    assert object_store.total_bytes()[0] == 1
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_a_store_that_fails_at_submit_is_503_with_no_job(
+    small_inline: Api, object_store_url: str
+) -> None:
+    root = Path(object_store_url.removeprefix("file://"))
+    shutil.rmtree(root)
+    root.write_bytes(b"a file where the store's directory was")
+    response = await small_inline.client.post(
+        "/v1/jobs", json={"model": "mlp", "inputs": {"x": envelope(X)}}
+    )
+    assert response.status_code == 503
+    assert count_jobs(small_inline.sessions) == 0

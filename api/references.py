@@ -1,0 +1,271 @@
+"""Inputs held in the object store rather than in the job's row (DESIGN §13): inputs a client
+names by URI (`{"uri": "tffleet://uploads/<id>"}`, an upload of its own tenant), and inline
+inputs too large for a row, written to the store before their job is stored.
+
+Either way the job's packed inputs hold a `tensors.Reference` (a key, and where the data lies in
+that object), never the bytes. A URI is checked before anything is stored: it must name an
+upload of the caller's tenant whose dtype and shape fit the signature (as an inline tensor's
+must), else 422 naming the input; no other scheme is taken (the API fetches no URL). A
+presigned upload's header is read from the store at its first reference and recorded.
+
+The objects of large inline inputs are written (`ingest`) after every check passed and before
+the job rows are committed; a store that fails is 503 and nothing is stored. Objects of jobs
+that were not stored after all (a replayed Idempotency-Key, a conflict) are deleted again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fastapi.concurrency import run_in_threadpool
+
+from api.body import by_reference_problem
+from api.ingest import Ingested
+from api.schemas import JobCreate
+from api.state import AppState
+from db import jobs, objects
+from db.models import Upload
+from db.tenants import Caller
+from tffleet import tensors
+from tffleet.errors import InvalidInput
+from tffleet.objectstore import ObjectMissing, StoreUnavailable, keys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Named:
+    """An upload an input names, as its job's packed inputs will reference it."""
+
+    upload_id: str
+    reference: tensors.Reference
+
+
+# Per job spec, in the request's order: its inputs given by URI, by name.
+Uris = list[dict[str, Named]]
+
+
+def is_reference(value: Any) -> bool:
+    return isinstance(value, dict) and "uri" in value
+
+
+def inline_inputs(inputs: dict[str, Any] | list[Any]) -> dict[str, Any] | list[Any]:
+    """A spec's inputs without those it gives by URI."""
+    if isinstance(inputs, dict):
+        return {name: value for name, value in inputs.items() if not is_reference(value)}
+    return inputs
+
+
+async def resolve(state: AppState, caller: Caller, specs: Sequence[JobCreate], many: bool) -> Uris:
+    """The uploads the specs' inputs name, checked to be the caller's tenant's and readable;
+    422 naming the input otherwise. No database read for a request that names none."""
+    named: list[dict[str, str]] = []
+    for index, spec in enumerate(specs):
+        prefix = f"jobs[{index}]: " if many else ""
+        inputs = spec.inputs if isinstance(spec.inputs, dict) else {}
+        named.append(
+            {
+                name: _upload_id(f"{prefix}inputs.{name}", value)
+                for name, value in inputs.items()
+                if is_reference(value)
+            }
+        )
+    wanted = {upload_id for uris in named for upload_id in uris.values()}
+    if not wanted:
+        return [{} for _ in specs]
+    found = await run_in_threadpool(_read_uploads, state, caller.tenant, wanted)
+    resolved: Uris = []
+    for index, uris in enumerate(named):
+        prefix = f"jobs[{index}]: " if many else ""
+        mine = {}
+        for name, upload_id in uris.items():
+            where = f"{prefix}inputs.{name}"
+            upload = found.get(upload_id)
+            if upload is None:
+                raise InvalidInput(
+                    f"{where}: no upload {keys.upload_uri(upload_id)} (unknown, expired, or "
+                    "another tenant's)"
+                )
+            if upload.size is None:  # presigned: read its header once
+                upload = found[upload_id] = await _describe(state, where, upload)
+            mine[name] = Named(upload_id, _reference(upload))
+        resolved.append(mine)
+    return resolved
+
+
+def _upload_id(where: str, value: dict[str, Any]) -> str:
+    uri = value.get("uri")
+    if set(value) != {"uri"} or not isinstance(uri, str):
+        raise InvalidInput(f'{where}: a reference is {{"uri": "tffleet://uploads/<id>"}} alone')
+    upload_id = keys.parse_upload_uri(uri)
+    if upload_id is None:
+        scheme = uri.partition("://")[0] if "://" in uri else ""
+        if scheme and scheme != "tffleet":
+            raise InvalidInput(
+                f"{where}: {scheme}:// URIs are not fetched; upload the tensor "
+                "(POST /v1/uploads) and give its tffleet://uploads/<id>"
+            )
+        raise InvalidInput(
+            f"{where}: {uri[:100]!r} is no upload URI (tffleet://uploads/ and 32 hex digits)"
+        )
+    return upload_id
+
+
+def _read_uploads(state: AppState, tenant: str, ids: set[str]) -> dict[str, Upload]:
+    with state.sessions() as session:
+        found = {}
+        for upload_id in ids:
+            upload = objects.get_upload(session=session, tenant=tenant, upload_id=upload_id)
+            if upload is not None:
+                session.expunge(upload)
+                found[upload_id] = upload
+        return found
+
+
+async def _describe(state: AppState, where: str, upload: Upload) -> Upload:
+    """A presigned upload's header and size, read from the store and recorded."""
+    uri = keys.upload_uri(upload.id)
+    try:
+        size = await state.objects.size_async(upload.key)
+        if size is None:
+            raise ObjectMissing(upload.key)
+        head = await state.objects.read_prefix_async(upload.key, 12 + 10_000)
+        header = tensors.read_npy_header(head)
+    except ObjectMissing:
+        raise InvalidInput(
+            f"{where}: {uri} holds nothing yet (PUT the .npy to its upload_url)"
+        ) from None
+    except tensors.TensorError as exc:
+        raise InvalidInput(f"{where}: {uri}: {exc}") from None
+    problem = by_reference_problem(header)
+    if problem is None and size != header.offset + header.nbytes:
+        problem = f"holds {size - header.offset} bytes of data but its header says {header.nbytes}"
+    if problem is not None:
+        raise InvalidInput(f"{where}: {uri}: {problem}")
+    shape = list(header.shape)
+    await run_in_threadpool(_record, state, upload.id, size, header.dtype.name, shape)
+    # Detached (`_read_uploads`): these change only this copy.
+    upload.size, upload.dtype, upload.shape = size, header.dtype.name, shape
+    return upload
+
+
+def _record(state: AppState, upload_id: str, size: int, dtype: str, shape: list[int]) -> None:
+    with state.sessions.begin() as session:
+        objects.describe_upload(
+            session=session, upload_id=upload_id, size=size, dtype=dtype, shape=shape
+        )
+
+
+def _reference(upload: Upload) -> tensors.Reference:
+    assert upload.size is not None and upload.dtype is not None and upload.shape is not None
+    nbytes = int(np.prod(upload.shape, dtype=np.int64)) * tensors.DTYPES[upload.dtype].itemsize
+    return tensors.Reference(
+        key=upload.key,
+        dtype=upload.dtype,
+        shape=tuple(upload.shape),
+        offset=upload.size - nbytes,
+        nbytes=nbytes,
+    )
+
+
+# ─── Large inline inputs ──────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Staged:
+    """Objects to write before the jobs are stored: by job id, their keys and bytes."""
+
+    objects: dict[str, dict[str, bytes]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A job's packed inputs, and what stores them beside it."""
+
+    blob: bytes
+    stored_bytes: int | None  # its own objects' bytes (None: none)
+    content: bytes | None  # what its hashes read in place of `blob` (None: the blob)
+
+
+def pack(
+    arrays: dict[str, np.ndarray],
+    uris: dict[str, Named],
+    *,
+    tenant: str,
+    job_id: str,
+    inline_max_bytes: int,
+    staged: Staged | None,
+) -> Packed:
+    """Pack a job's inputs: those named by URI as references to their uploads, arrays over
+    `inline_max_bytes` (not strings) as references to objects of the job's own, staged to be
+    written under `keys.input_key` (without `staged`, every array stays inline)."""
+    references = {name: named.reference for name, named in uris.items()}
+    large = {
+        name: array
+        for name, array in arrays.items()
+        if staged is not None and not tensors.is_string(array) and array.nbytes > inline_max_bytes
+    }
+    if not large:
+        return Packed(tensors.pack(arrays, references), None, None)
+    assert staged is not None
+    inline = {name: array for name, array in arrays.items() if name not in large}
+    own: dict[str, tensors.Reference] = {}
+    written: dict[str, bytes] = {}
+    digest = hashlib.sha256()
+    for name, array in large.items():
+        data = tensors.write_npy(array)
+        nbytes = array.nbytes
+        key = keys.input_key(tenant, job_id, name)
+        own[name] = tensors.Reference(
+            key=key,
+            dtype=array.dtype.name,
+            shape=tuple(array.shape),
+            offset=len(data) - nbytes,
+            nbytes=nbytes,
+        )
+        written[key] = data
+        digest.update(memoryview(data)[len(data) - nbytes :])
+    staged.objects[job_id] = written
+    # The hashes read the bytes, not the keys, which name this job: a request sent again (or
+    # equal inputs of another job) must hash the same.
+    anonymous = {name: dataclasses.replace(ref, key=name) for name, ref in own.items()}
+    digest.update(tensors.pack(inline, {**references, **anonymous}))
+    blob = tensors.pack(inline, {**references, **own})
+    return Packed(blob, sum(len(data) for data in written.values()), digest.digest())
+
+
+async def ingest(state: AppState, new: Sequence[jobs.NewJob], staged: Staged) -> Ingested:
+    """Write the staged objects, then store the jobs (`state.ingestor`). A store that fails
+    is 503 with nothing stored; objects of jobs that end up not stored are deleted."""
+    written: list[str] = []
+    try:
+        for objects_of_job in staged.objects.values():
+            for key, data in objects_of_job.items():
+                await state.objects.put_async(key, data)
+                written.append(key)
+        ingested = await state.ingestor(new)
+    except BaseException:
+        await _discard(state, written)
+        raise
+    stored = {out["id"] for out in ingested.jobs}
+    await _discard(
+        state,
+        [key for job_id, found in staged.objects.items() if job_id not in stored for key in found],
+    )
+    return ingested
+
+
+async def _discard(state: AppState, written: list[str]) -> None:
+    """Delete objects no row names; a store that fails leaves them (logged), harmless."""
+    if not written:
+        return
+    try:
+        await state.objects.delete_async(written)
+    except StoreUnavailable as exc:
+        log.warning("could not delete %d objects of jobs not stored: %s", len(written), exc)
