@@ -13,7 +13,6 @@ from db.standing import Standing
 from tffleet import tensors
 from tffleet.announcements import EndedJob
 
-
 OUTPUT_URI_PREFIX = "tffleet://jobs/"
 
 

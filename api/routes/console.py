@@ -31,7 +31,7 @@ from api.state import AppState, get_state
 from db import clock, console, jobs, presence, registry, size, standing, tenants
 from db.models import JobStatus, ModelPresence
 from db.tenants import Limits
-from db.views import iso_utc, job_out
+from db.views import iso_utc, job_out, output_uri
 from tffleet import tensors
 
 ASSETS = Path(__file__).resolve().parent.parent / "console"
@@ -259,14 +259,27 @@ async def job(job_id: JobId, request: Request) -> Response:
             out["timeline"] = _timeline(found)
             shapes = None
             if found.status == JobStatus.SUCCEEDED.value and found.outputs is not None:
-                shapes = {
-                    name: {"dtype": _dtype(array), "shape": list(array.shape)}
-                    for name, array in tensors.unpack(found.outputs).items()
-                }
+                shapes = _output_shapes(found.id, found.outputs)
             out["output_shapes"] = shapes
             return out
 
     return json_response(await run_in_threadpool(read))
+
+
+def _output_shapes(job_id: str, blob: bytes) -> dict[str, dict[str, Any]]:
+    """Each output's dtype and shape; one held in the object store also its URI (its bytes
+    are not read for this)."""
+    shapes: dict[str, dict[str, Any]] = {
+        name: {"dtype": _dtype(array), "shape": list(array.shape)}
+        for name, array in tensors.unpack(blob, inline_only=True).items()
+    }
+    for name, ref in tensors.references(blob).items():
+        shapes[name] = {
+            "dtype": ref.dtype,
+            "shape": list(ref.shape),
+            "uri": output_uri(job_id, name),
+        }
+    return shapes
 
 
 def _dtype(array: Any) -> str:
