@@ -8,7 +8,7 @@ Each sweep
 3. deletes finished jobs older than `result_ttl_s`, and the model reports of worker children
    that died (db.presence); before that, the inputs of jobs that ended over `input_ttl_s` ago;
 4. deletes response cache entries older than `cache_ttl_s`, then the oldest while all of them
-   hold more than `cache_max_bytes` (db.cache);
+   hold more than `cache_max_bytes` (db.cache), and the objects no row names (worker/garbage.py);
 5. cancels queued and running jobs past their deadline (`Cancel-After`), first of all: a claim
    never starts one, but a queued job no worker claims, or a running one, needs the sweeper.
 
@@ -43,7 +43,9 @@ from db import cache, jobs, parts, presence
 from db import clock as db_clock
 from db.models import JobErrorCode
 from tffleet.constants import SWEEPER_LOCK_KEY
+from tffleet.objectstore import ObjectStore, open_store
 from tffleet.settings import Settings
+from worker import garbage
 from worker.announcer import Announcer
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,7 @@ class SweepReport:
     inputs_purged: int = 0  # ended jobs whose inputs were deleted (past TFFLEET_INPUT_TTL_S)
     deadline: int = 0  # queued or running jobs canceled past their deadline (`Cancel-After`)
     cache_purged: int = 0  # response cache entries deleted: past their age, or over the bound
+    objects_deleted: int = 0  # objects deleted from the store (worker/garbage.py)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -126,6 +129,7 @@ class Sweeper:
         self._leading = False
         self._standing_by = False
         self._inputs_since: datetime | None = None  # where `_purge_inputs` goes on
+        self._store: ObjectStore | None = None  # opened at the first garbage (`_objects`)
 
     # Leadership
 
@@ -229,8 +233,14 @@ class Sweeper:
         self._purge_inputs(report)
         self._purge(report)
         self._purge_cache(report)
+        # After the purges, whose deleted rows leave their objects as garbage.
+        report.objects_deleted += garbage.collect(self._sessions, self._objects).objects_deleted
         LAST_SWEEP.set_to_current_time()
         return report
+
+    def _objects(self) -> ObjectStore:
+        self._store = self._store or open_store(self._settings.object_store)
+        return self._store
 
     def _expire_leases(self, report: SweepReport) -> None:
         for _ in range(MAX_CHUNKS):

@@ -6,20 +6,22 @@ from __future__ import annotations
 import io
 import shutil
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import JobUpload, Upload
-from tests.api.conftest import Api, OpenApi, count_jobs, envelope, read_job
+from db import jobs
+from db.models import JobUpload, ObjectGarbage, Upload
+from tests.api.conftest import Api, OpenApi, count_jobs, envelope, finish_job, read_job
 from tffleet import tensors
 from tffleet.objectstore import ObjectStore, keys
+from worker import garbage
 
 pytestmark = pytest.mark.anyio
 
@@ -423,3 +425,96 @@ async def test_a_store_that_fails_at_submit_is_503_with_no_job(
     )
     assert response.status_code == 503
     assert count_jobs(small_inline.sessions) == 0
+
+
+# ─── Garbage: what goes with the rows ─────────────────────────────────────────────────────────────
+
+
+def expire_uploads(sessions: Sessions) -> None:
+    with sessions.begin() as session:
+        session.execute(update(Upload).values(expires_at=datetime(2000, 1, 1, tzinfo=UTC)))
+
+
+def garbage_rows(sessions: Sessions) -> int:
+    with sessions() as session:
+        return int(session.scalar(select(func.count()).select_from(ObjectGarbage)) or 0)
+
+
+async def test_deleted_and_purged_jobs_and_expired_uploads_leave_no_object(
+    small_inline: Api, object_store: ObjectStore
+) -> None:
+    sessions = small_inline.sessions
+    uri = await uploaded(small_inline, X)
+    ids = []
+    for inputs in ({"x": {"uri": uri}}, {"x": envelope(X)}, {"x": envelope(X + 1)}):
+        response = await small_inline.client.post(
+            "/v1/jobs", json={"model": "mlp", "inputs": inputs}
+        )
+        assert response.status_code == 202, response.text
+        ids.append(response.json()["id"])
+    deleted = ids[1]
+    assert object_store.total_bytes()[0] == 3  # the upload, two jobs' inputs
+    for job_id in ids:
+        finish_job(sessions, job_id, {"y": np.zeros((6, 2), dtype=np.float32)})
+    assert (await small_inline.client.delete(f"/v1/jobs/{deleted}")).status_code == 204
+    with sessions.begin() as session:
+        far = datetime(2100, 1, 1, tzinfo=UTC)
+        assert jobs.purge_finished(session=session, older_than=far, limit=10) == 2
+    expire_uploads(sessions)
+    assert object_store.total_bytes()[0] == 3  # nothing goes before the sweep
+
+    report = garbage.collect(sessions, lambda: object_store)
+
+    assert (report.uploads_purged, report.objects_deleted) == (1, 3)
+    assert object_store.total_bytes() == (0, 0)
+    assert garbage_rows(sessions) == 0
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Upload)) == 0
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_an_upload_stays_while_a_job_keeping_its_inputs_names_it(
+    store_api: Api, object_store: ObjectStore
+) -> None:
+    uri = await uploaded(store_api, X)
+    response = await store_api.client.post(
+        "/v1/jobs", json={"model": "mlp", "inputs": {"x": {"uri": uri}}}
+    )
+    assert response.status_code == 202
+    expire_uploads(store_api.sessions)
+    assert garbage.collect(store_api.sessions, lambda: object_store).uploads_purged == 0
+    assert object_store.total_bytes()[0] == 1
+    # Its job ends and its inputs go (TFFLEET_INPUT_TTL_S): the upload goes with the next sweep.
+    finish_job(store_api.sessions, response.json()["id"], {"y": np.zeros((6, 2), dtype=np.float32)})
+    with store_api.sessions.begin() as session:
+        far = datetime(2100, 1, 1, tzinfo=UTC)
+        jobs.purge_inputs(
+            session=session, since=datetime(2000, 1, 1, tzinfo=UTC), older_than=far, limit=10
+        )
+    assert garbage.collect(store_api.sessions, lambda: object_store).uploads_purged == 1
+    assert object_store.total_bytes() == (0, 0)
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_a_store_that_fails_keeps_the_garbage_for_the_next_sweep(
+    small_inline: Api, object_store: ObjectStore, object_store_url: str
+) -> None:
+    response = await small_inline.client.post(
+        "/v1/jobs", json={"model": "mlp", "inputs": {"x": envelope(X)}}
+    )
+    job_id = response.json()["id"]
+    finish_job(small_inline.sessions, job_id, {"y": np.zeros((6, 2), dtype=np.float32)})
+    assert (await small_inline.client.delete(f"/v1/jobs/{job_id}")).status_code == 204
+    root = Path(object_store_url.removeprefix("file://"))
+    kept = root.with_name("kept")
+    root.rename(kept)
+    root.write_bytes(b"a file where the store's directory was")
+
+    assert garbage.collect(small_inline.sessions, lambda: object_store).store_unavailable
+    assert garbage_rows(small_inline.sessions) == 1
+
+    root.unlink()
+    kept.rename(root)
+    assert garbage.collect(small_inline.sessions, lambda: object_store).objects_deleted == 1
+    assert object_store.total_bytes() == (0, 0)
+    assert garbage_rows(small_inline.sessions) == 0

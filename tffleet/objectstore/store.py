@@ -213,6 +213,18 @@ class ObjectStore:
                 size += sum(int(meta["size"]) for meta in batch)
         return objects, size
 
+    def keys(self, prefix: str) -> list[str]:
+        """The keys of the objects under `prefix` (a job's, to delete them all), by listing;
+        none under it is no error."""
+        found: list[str] = []
+        try:
+            with _translated(prefix):
+                for batch in obstore.list(self._store, prefix=prefix):
+                    found += [str(meta["path"]) for meta in batch]
+        except ObjectMissing:  # a directory store without that directory
+            return []
+        return found
+
     # ─── Presigned URLs ─────────────────────────────────────────────────────────────────────────
 
     def presign_put(self, key: str, expires_s: float) -> str:
