@@ -31,9 +31,11 @@ from tffleet.errors import (
     InvalidInput,
     InvalidRequest,
     ModelNotFound,
+    OutputsGone,
     ServiceUnavailable,
     TffleetError,
 )
+from tffleet.objectstore import ObjectMissing
 
 _ERROR = {"content": {"application/json": {"example": {"error": "message"}}}}
 _TEXT = {
@@ -150,10 +152,26 @@ async def run_job(
             f"poll GET /v1/jobs/{job_id}"
         ) from None
     if out["status"] == JobStatus.SUCCEEDED.value:
-        return Answer(job_id, out["model"], out["version"], tensors.unpack(out["outputs"]))
+        outputs = await _outputs(state, job_id, out["outputs"])
+        return Answer(job_id, out["model"], out["version"], outputs)
     raise _unanswered(
         out, wait_s, canceled_then=cancel_after_s is not None and cancel_after_s <= wait_s
     )
+
+
+async def _outputs(state: AppState, job_id: str, blob: bytes) -> dict[str, np.ndarray]:
+    """A succeeded job's outputs as arrays: a protocol's answer holds every value, so an output
+    held in the object store (too big to inline) is read from it whole. 503 if the store does
+    not answer, 410 if the object is gone."""
+    objects = {}
+    for name, ref in tensors.references(blob).items():
+        try:
+            objects[ref.key] = await state.objects.get_async(ref.key)
+        except ObjectMissing:
+            raise OutputsGone(
+                f"job {job_id}: output {name!r} is no longer in the object store"
+            ) from None
+    return tensors.unpack(blob, objects)
 
 
 def _unanswered(out: dict[str, Any], wait_s: float, *, canceled_then: bool) -> Unanswered:

@@ -10,19 +10,25 @@ about the store itself.
 from __future__ import annotations
 
 import io
+import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anyio
 import httpx
 import numpy as np
+import orjson
 import pytest
+import redis
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs
-from db.models import DEFAULT_TENANT
-from tests.api.conftest import Api, OpenApi, finish_job
+from db.models import DEFAULT_TENANT, Job, JobStatus
+from tests.api.conftest import Api, OpenApi, _until_subscribed, finish_job
 from tffleet import tensors
+from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.objectstore import ObjectStore, keys, open_store
 
 pytestmark = pytest.mark.anyio
@@ -318,6 +324,51 @@ async def test_the_route_is_in_the_openapi_schema_with_the_bearer_scheme(api: Ap
     assert operation["security"] == [{"bearer": []}]
     assert tensors.NPY in operation["responses"]["200"]["content"]
     assert {"404", "409", "410", "503"} <= set(operation["responses"])
+
+
+# The protocols: an answer holds every value, so a stored output is read whole
+
+
+@pytest.mark.parametrize("gone", [False, True])
+async def test_a_tf_serving_predict_answers_an_output_held_in_the_store(
+    api: Api, store: ObjectStore, redis_url: str, gone: bool
+) -> None:
+    y = np.array([[0.5, 1.5]], dtype=np.float32)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            _until_subscribed(redis_url)
+            deadline = time.monotonic() + 10
+            while not (queued := queued_ids(api.sessions)) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            (job_id,) = queued
+            finish_with_references(api.sessions, store, job_id, inline={}, stored={"y": y})
+            if gone:
+                store.delete([keys.output_key(DEFAULT_TENANT, job_id, "y")])
+            with redis.Redis.from_url(redis_url) as client:
+                client.publish(JOBS_DONE_CHANNEL, orjson.dumps([job_id]))
+        except BaseException as exc:  # surfaced in the test's thread below
+            errors.append(exc)
+
+    thread = threading.Thread(target=worker, name="fake-worker", daemon=True)
+    thread.start()
+    response = await api.client.post("/v1/models/mlp:predict", json={"instances": [ROW]})
+    thread.join(timeout=10)
+    assert not errors, errors
+
+    if gone:
+        assert response.status_code == 410
+        assert "'y'" in response.json()["error"]
+    else:
+        assert response.status_code == 200, response.text
+        assert response.json() == {"predictions": y.tolist()}
+
+
+def queued_ids(sessions: Sessions) -> list[str]:
+    with sessions() as session:
+        found = session.scalars(select(Job.id).where(Job.status == JobStatus.QUEUED.value))
+        return list(found.all())
 
 
 # The console
