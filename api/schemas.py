@@ -26,7 +26,11 @@ class JobCreate(BaseModel):
     model: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     # At most PostgreSQL's INTEGER: a larger one is no version, and the query would fail.
     version: int | None = Field(default=None, ge=1, le=2**31 - 1)
-    inputs: dict[str, Any] | list[Any]
+    inputs: dict[str, Any] | list[Any] = Field(
+        description="Tensors by input name: nested lists, a binary envelope `{b64, dtype, "
+        'shape}`, or `{"uri": "tffleet://uploads/<id>"}`, an upload of the caller\'s tenant '
+        "(POST /v1/uploads)."
+    )
     priority: int = Field(default=0, ge=-1000, le=1000)
     ttl_s: int | None = Field(
         default=None,
@@ -181,15 +185,6 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         status: {"model": ErrorOut, "description": described[status]}
         for status in sorted({401, *statuses})
     }
-
-
-class TensorRef(BaseModel):
-    """A tensor given by reference, wherever a tensor goes in a job's `inputs`: an upload of the
-    caller's tenant (`POST /v1/uploads`), checked against the signature as a tensor is."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    uri: str = Field(examples=["tffleet://uploads/0c5e8a1f2b3d4e5f60718293a4b5c6d7"])
 
 
 class UploadOut(BaseModel):

@@ -208,7 +208,7 @@ class Sweeper:
             log.info(
                 "sweep: requeued %d, worker_lost %d, republished %d jobs in %d messages "
                 "(%d messages failed), purged %d (inputs of %d more), cache entries purged %d, "
-                "canceled past their deadline %d",
+                "canceled past their deadline %d, objects deleted %d",
                 report.requeued,
                 report.worker_lost,
                 report.republished,
@@ -218,6 +218,7 @@ class Sweeper:
                 report.inputs_purged,
                 report.cache_purged,
                 report.deadline,
+                report.objects_deleted,
             )
 
     # One sweep
