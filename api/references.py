@@ -29,7 +29,7 @@ from api.body import by_reference_problem
 from api.ingest import Ingested
 from api.schemas import JobCreate
 from api.state import AppState
-from db import jobs, objects
+from db import clock, jobs, objects
 from db.models import Upload
 from db.tenants import Caller
 from tffleet import tensors
@@ -118,11 +118,14 @@ def _upload_id(where: str, value: dict[str, Any]) -> str:
 
 
 def _read_uploads(state: AppState, tenant: str, ids: set[str]) -> dict[str, Upload]:
+    """The tenant's uploads among `ids` that have not expired: an expired one may be deleted
+    by the sweeper at any moment, so no new job may come to depend on it."""
     with state.sessions() as session:
+        now = clock.now(session)
         found = {}
         for upload_id in ids:
             upload = objects.get_upload(session=session, tenant=tenant, upload_id=upload_id)
-            if upload is not None:
+            if upload is not None and upload.expires_at > now:
                 session.expunge(upload)
                 found[upload_id] = upload
         return found

@@ -311,6 +311,16 @@ async def test_an_upload_that_does_not_fit_the_signature_is_422(
 
 
 @pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_an_expired_upload_names_nothing(store_api: Api) -> None:
+    uri = await uploaded(store_api, X)
+    expire_uploads(store_api.sessions)
+    job = {"model": "mlp", "inputs": {"x": {"uri": uri}}}
+    response = await store_api.client.post("/v1/jobs", json=job)
+    assert response.status_code == 422
+    assert "(unknown, expired, or another tenant's)" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
 async def test_another_tenants_upload_names_nothing(store_api: Api) -> None:
     uri = await uploaded(store_api, X, store_api.key("acme"))
     response = await store_api.client.post(
