@@ -31,6 +31,7 @@ from db.models import DEFAULT_TENANT, Job, JobErrorCode
 from tffleet import Retries, tensors
 from tffleet.cli.process_group import free_port
 from tffleet.constants import JOBS_DONE_CHANNEL
+from tffleet.objectstore import ObjectStore, open_store
 
 NO_WAIT = Retries(backoff_s=0)  # retries without back-off, for tests
 
@@ -86,7 +87,8 @@ class FakeWorker:
     """Claims queued jobs, runs `fake_model` (or fails them), writes the results through db.jobs
     as a worker does, and announces them on the completion channel so long-polls wake."""
 
-    def __init__(self, database_url: str, redis_url: str) -> None:
+    def __init__(self, database_url: str, redis_url: str, store: ObjectStore | None = None) -> None:
+        self._store = store  # where inputs given by reference are read from
         self._engine = make_engine(database_url)
         self._sessions = make_sessionmaker(self._engine)
         self._redis = redis.Redis.from_url(redis_url)
@@ -106,13 +108,21 @@ class FakeWorker:
                 )
             else:
                 results = [
-                    (lease, tensors.pack(fake_model(tensors.unpack(lease.inputs))))
+                    (lease, tensors.pack(fake_model(self._inputs(lease.inputs))))
                     for lease in leases
                 ]
                 jobs.complete(session=session, results=results)
         ids = [lease.job_id for lease in leases]
         self._redis.publish(JOBS_DONE_CHANNEL, orjson.dumps(ids))
         return ids
+
+    def _inputs(self, blob: bytes) -> dict[str, np.ndarray]:
+        """A job's inputs, those it holds by reference read from the store, as a worker does."""
+        wanted = tensors.references(blob).values()
+        if wanted and self._store is None:
+            raise AssertionError("a job with inputs in the object store; FakeWorker has none")
+        objects = {ref.key: self._store.get(ref.key) for ref in wanted} if self._store else {}
+        return tensors.unpack(blob, objects)
 
     def queued(self, model: str) -> list[str]:
         with self._sessions() as session:
@@ -155,13 +165,15 @@ class Served:
     database_url: str
     redis_url: str
     api_key: str  # an admin's
+    object_store: str  # its TFFLEET_OBJECT_STORE, a directory of its own
 
 
 @pytest.fixture(scope="module")
 def served(
     tmp_path_factory: pytest.TempPathFactory, redis_server: str, sqlite_template: Path
 ) -> Iterator[Served]:
-    """`tffleet api` on a free port, on its own SQLite file and the test run's Redis database."""
+    """`tffleet api` on a free port, on its own SQLite file and object store directory and the
+    test run's Redis database."""
     path = tmp_path_factory.mktemp("served")
     shutil.copyfile(sqlite_template, path / "tffleet.db")  # migrated (tests/conftest.py)
     database_url = f"sqlite:///{path / 'tffleet.db'}"
@@ -172,6 +184,7 @@ def served(
         "TFFLEET_DATABASE_URL": database_url,
         "TFFLEET_BROKER_URL": redis_server,
         "TFFLEET_API_PORT": str(port),
+        "TFFLEET_OBJECT_STORE": (path / "objects").as_uri(),
     }
     with (path / "api.log").open("wb") as log:
         proc = subprocess.Popen(
@@ -193,7 +206,7 @@ def served(
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
-        yield Served(url, database_url, redis_server, api_key)
+        yield Served(url, database_url, redis_server, api_key, env["TFFLEET_OBJECT_STORE"])
     finally:
         proc.terminate()
         try:
@@ -205,6 +218,6 @@ def served(
 
 @pytest.fixture
 def worker(served: Served) -> Iterator[FakeWorker]:
-    fake = FakeWorker(served.database_url, served.redis_url)
+    fake = FakeWorker(served.database_url, served.redis_url, open_store(served.object_store))
     yield fake
     fake.close()

@@ -406,7 +406,7 @@ def test_the_blocking_client_submits_waits_and_runs_against_a_served_api(
         assert [j.id for j in finished] == [j.id for j in many] and all(j.ok for j in finished)
         assert [j.status for j in client.get_many([many[1].id, job.id])] == ["succeeded"] * 2
 
-        big = large(50_000)  # 800 kB: an .npy body through a real socket, an .npz back
+        big = large(50_000)  # 800 kB: uploaded, then as an .npy body, through a real socket
         done = client.wait(client.submit("double", {"x": big}).id, timeout=20).raise_for_error()
         assert done.outputs is not None
         np.testing.assert_array_equal(done.outputs["y"], big * 2)

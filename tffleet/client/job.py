@@ -204,7 +204,7 @@ def encode_inputs(inputs: Any) -> Any:
     API. An array of strings (str, bytes, or objects holding them) becomes nested lists of
     strings, with `{"b64": ...}` for bytes that are not UTF-8.
     """
-    if isinstance(inputs, Mapping) and not _is_envelope(inputs):
+    if isinstance(inputs, Mapping) and not is_envelope(inputs):
         return {name: _encode_tensor(value) for name, value in inputs.items()}
     return _encode_tensor(inputs)
 
@@ -259,10 +259,7 @@ def _encode_tensor(value: Any) -> Any:
     return value  # lists, envelopes; the API names anything else it cannot read
 
 
-def _is_envelope(value: Mapping[str, Any]) -> bool:
-    """A tensor written as a mapping: a binary envelope, or a reference to an upload."""
-    if set(value) == {"uri"}:
-        return isinstance(value["uri"], str)
+def is_envelope(value: Mapping[str, Any]) -> bool:
     return set(value) == {"b64", "dtype", "shape"} and isinstance(value.get("b64"), str)
 
 

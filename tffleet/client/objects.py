@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from tffleet import tensors
 from tffleet.client.errors import HTTPStatusError, ProtocolError
-from tffleet.client.job import Job, OutputRef
+from tffleet.client.job import Job, OutputRef, is_envelope
 from tffleet.client.protocol import Call, Plan, Retries, Stream, send
 
 DEFAULT_INLINE_MAX_BYTES = 256 * 1024  # TFFLEET_INLINE_MAX_BYTES's default on the API
@@ -48,24 +48,23 @@ def upload_large(
     retries: Retries,
     progress: bool | None = None,
 ) -> Plan[Any]:
-    """`inputs` with each NumPy array of numbers or bools over `inline_max_bytes` uploaded and
-    replaced by `{"uri": ...}`; the rest as given. None: nothing is uploaded."""
-    if inline_max_bytes is None:
+    """`inputs` by name with each NumPy array of numbers or bools over `inline_max_bytes`
+    uploaded and replaced by `{"uri": ...}`; the rest as given. None: nothing is uploaded.
+
+    A bare array (a single-input model's) is not: it goes as an .npy body, which the API
+    streams into its store itself where it is large, as an upload would be."""
+    if inline_max_bytes is None or not isinstance(inputs, Mapping) or is_envelope(inputs):
         return inputs
-    bare = isinstance(inputs, np.ndarray)
-    named: Mapping[str, Any] = {"": inputs} if bare else inputs
-    if not isinstance(named, Mapping):
-        return inputs  # lists: the API reads them as they are
     large = {
         name: value
-        for name, value in named.items()
+        for name, value in inputs.items()
         if isinstance(value, np.ndarray)
         and value.dtype.name in tensors.DTYPES
         and value.nbytes > inline_max_bytes
     }
     if not large:
         return inputs
-    uploaded = dict(named)
+    uploaded = dict(inputs)
     with _upload_bar(progress, sum(a.nbytes for a in large.values())) as bar:
         for name, array in large.items():
             try:
@@ -74,7 +73,7 @@ def upload_large(
                 if not _no_uploads(exc):
                     raise
                 return inputs  # an API from before uploads: the arrays go inline, as they did
-    return uploaded[""] if bare else uploaded
+    return uploaded
 
 
 def _no_uploads(exc: HTTPStatusError) -> bool:
