@@ -4,6 +4,7 @@
     aio.py       AsyncClient: the same calls for asyncio
     plans.py     what each call does, as sans-IO plans both clients drive
     bulk.py      submit_many's plan: jobs in chunked bulk requests, each stored all or none
+    objects.py   tensors by reference: uploads, and outputs the API holds in its object store
     protocol.py  one HTTP exchange: requests, retries (`Retries`), responses to errors
     events.py    following a job's event stream (`Client.events`), reconnecting where it drops
     job.py       Job, ModelInfo, TensorSpec: what the API answers, with tensors as NumPy

@@ -96,7 +96,9 @@ class Client:
         """Submit one job (its inputs may hold a batch); returns it `queued`.
 
         The request carries `idempotency_key` (a fresh one if None), so a retry after a lost
-        answer, or a later call with the same key and inputs, gets the same job back.
+        answer, or a later call with the same key and inputs, gets the same job back (an input
+        this call uploads is a new upload each call, another request to the API: upload it
+        once and pass `{"uri": ...}` to repeat a keyed submit).
         `cancel_after` (seconds, a timedelta, or "90s", "1h30m"): a job not ended by then is
         canceled, error `deadline`. `webhook`: an http(s) URL that gets the job, signed, on
         `webhook_events` (`start`, `completed`; default `["completed"]`); check each delivery
