@@ -277,6 +277,51 @@ def test_an_output_gone_from_the_store_raises_outputs_gone() -> None:
         client.get("j1")
 
 
+def event_stream(job: dict[str, Any]) -> httpx.Response:
+    data = orjson.dumps(job).decode()
+    body = f"event: status\nid: 1\ndata: {data}\n\n".encode()
+    return httpx.Response(200, headers={"Content-Type": "text/event-stream"}, content=body)
+
+
+def test_the_last_job_of_an_event_stream_has_its_stored_outputs_fetched() -> None:
+    y = samples(3)
+    done = wire_job(status="succeeded", outputs={"y": reference("y", y)})
+    server = Server({
+        "/v1/jobs/j1/events": lambda request: event_stream(done),
+        "/v1/jobs/j1/outputs/y": lambda request: npy_response(y),
+    })  # fmt: skip
+    with server.client() as client:
+        (seen,) = list(client.events("j1"))
+
+    assert seen.outputs is not None
+    np.testing.assert_array_equal(seen.outputs["y"], y)
+
+
+@pytest.mark.anyio
+async def test_the_async_client_fetches_them_as_the_blocking_one_does() -> None:
+    y = samples(3)
+    outputs = {"y": reference("y", y)}
+    routes = {
+        "/v1/jobs/j1": succeeded(outputs),
+        "/v1/jobs/j1/events": lambda request: event_stream(
+            wire_job(status="succeeded", outputs=outputs)
+        ),
+        "/v1/jobs/j1/outputs/y": lambda request: npy_response(y),
+    }
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        return routes[request.url.path](request)
+
+    transport = httpx.MockTransport(handler)
+    async with AsyncClient("http://t", transport=transport, retries=NO_WAIT) as client:
+        got = await client.get("j1")
+        streamed = [job async for job in client.events("j1")]
+
+    assert got.outputs is not None and streamed[-1].outputs is not None
+    np.testing.assert_array_equal(got.outputs["y"], y)
+    np.testing.assert_array_equal(streamed[-1].outputs["y"], y)
+
+
 # Against the real API
 
 
