@@ -16,7 +16,13 @@ import orjson
 from fastapi import Request
 
 from tffleet import tensors
-from tffleet.errors import InvalidInput, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from tffleet.errors import (
+    HTTPStatusError,
+    InvalidInput,
+    InvalidRequest,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
 
 _T = TypeVar("_T")
 
@@ -90,13 +96,13 @@ _NPY_MAX_HEADER = 12 + 10_000
 
 
 async def npy_stream(
-    request: Request, *, max_bytes: int
+    request: Request, *, max_bytes: int, invalid: type[HTTPStatusError] = InvalidInput
 ) -> tuple[tensors.NpyHeader, AsyncIterator[bytes]]:
-    """An `application/x-npy` body whose header is read from its first bytes and checked (a
-    tensor that can go by reference: a number or bool dtype, little-endian, C order), and the
-    whole body (header included) as chunks to stream on. The chunks raise 422 naming `body`
-    where the body holds more or fewer bytes than its header says: a writer fed them keeps
-    nothing. 413 past `max_bytes`, from the header's size before a byte is streamed."""
+    """An `application/x-npy` body whose header is read from its first bytes and checked, and
+    the whole body (header included) as chunks to stream on. The chunks raise `invalid` (422 by
+    default) naming `body` where the body holds more or fewer bytes than its header says: a
+    writer fed them keeps nothing. 413 past `max_bytes`, from the header's size before a byte
+    is streamed."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {max_bytes} bytes")
@@ -109,15 +115,12 @@ async def npy_stream(
             break
         head += chunk
         if len(head) >= 12 and need == 12:
-            need = max(need, _npy(tensors.npy_header_size, bytes(head[:12])))
+            need = max(need, _npy(tensors.npy_header_size, bytes(head[:12]), invalid))
             if need > _NPY_MAX_HEADER:
-                raise InvalidInput(f"body: an .npy header of {need} bytes is over 10000")
+                raise invalid(f"body: an .npy header of {need} bytes is over 10000")
     if not head:
-        raise InvalidInput("body: empty; expected an .npy file (what np.save writes)")
-    header = _npy(tensors.read_npy_header, bytes(head[:need]))
-    problem = by_reference_problem(header)
-    if problem is not None:
-        raise InvalidInput(f"body: {problem}")
+        raise invalid("body: empty; expected an .npy file (what np.save writes)")
+    header = _npy(tensors.read_npy_header, bytes(head[:need]), invalid)
     total = header.offset + header.nbytes
     if total > max_bytes:
         raise PayloadTooLarge(
@@ -125,15 +128,15 @@ async def npy_stream(
             f"over the limit of {max_bytes} bytes"
         )
     if declared is not None and declared.isdigit() and int(declared) != total:
-        raise InvalidInput(_size_mismatch(header, int(declared) - header.offset))
-    return header, _counted(bytes(head), chunks, header, total)
+        raise invalid(_size_mismatch(header, int(declared) - header.offset))
+    return header, _counted(bytes(head), chunks, header, total, invalid)
 
 
-def _npy(read: Callable[[bytes], _T], data: bytes) -> _T:
+def _npy(read: Callable[[bytes], _T], data: bytes, invalid: type[HTTPStatusError]) -> _T:
     try:
         return read(data)
     except tensors.TensorError as exc:
-        raise InvalidInput(f"body: {exc}") from None
+        raise invalid(f"body: {exc}") from None
 
 
 def by_reference_problem(header: tensors.NpyHeader) -> str | None:
@@ -160,17 +163,21 @@ def _size_mismatch(header: tensors.NpyHeader, held: int) -> str:
 
 
 async def _counted(
-    head: bytes, rest: AsyncIterator[bytes], header: tensors.NpyHeader, total: int
+    head: bytes,
+    rest: AsyncIterator[bytes],
+    header: tensors.NpyHeader,
+    total: int,
+    invalid: type[HTTPStatusError],
 ) -> AsyncIterator[bytes]:
     size = len(head)
     if size > total:
-        raise InvalidInput(_size_mismatch(header, size - header.offset))
+        raise invalid(_size_mismatch(header, size - header.offset))
     yield head
     async for chunk in rest:
         size += len(chunk)
         if size > total:
-            raise InvalidInput(_size_mismatch(header, size - header.offset))
+            raise invalid(_size_mismatch(header, size - header.offset))
         if chunk:
             yield chunk
     if size != total:
-        raise InvalidInput(_size_mismatch(header, size - header.offset))
+        raise invalid(_size_mismatch(header, size - header.offset))

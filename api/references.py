@@ -9,8 +9,10 @@ must), else 422 naming the input; no other scheme is taken (the API fetches no U
 presigned upload's header is read from the store at its first reference and recorded.
 
 The objects of large inline inputs are written (`ingest`) after every check passed and before
-the job rows are committed; a store that fails is 503 and nothing is stored. Objects of jobs
-that were not stored after all (a replayed Idempotency-Key, a conflict) are deleted again.
+the job rows are committed; a store that fails is 503 and nothing is stored. A large `.npy`
+body of a single-input model is streamed into the store as it arrives (`binary_body`), once its
+header passed the signature's checks. Objects of jobs that were not stored after all (a later
+check refused it, a replayed Idempotency-Key, a conflict) are deleted again.
 """
 
 from __future__ import annotations
@@ -18,22 +20,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
-from api.body import by_reference_problem
+from api.body import by_reference_problem, npy_stream, read_bytes
 from api.ingest import Ingested
 from api.schemas import JobCreate
 from api.state import AppState
+from api.validation import validate_inputs
 from db import clock, jobs, objects
+from db.ids import new_job_id
 from db.models import Upload
 from db.tenants import Caller
 from tffleet import tensors
-from tffleet.errors import InvalidInput
+from tffleet.errors import InvalidInput, InvalidRequest, PayloadTooLarge
 from tffleet.objectstore import ObjectMissing, StoreUnavailable, keys
 
 log = logging.getLogger(__name__)
@@ -41,10 +46,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Named:
-    """An upload an input names, as its job's packed inputs will reference it."""
+    """An input held in the store, as its job's packed inputs will reference it: an upload
+    (`upload_id`), or an object of the job's own that a streamed body was written to (`size`
+    bytes, its data's sha256 `digest`)."""
 
-    upload_id: str
+    upload_id: str | None
     reference: tensors.Reference
+    size: int = 0
+    digest: bytes = b""
 
 
 # Per job spec, in the request's order: its inputs given by URI, by name.
@@ -182,9 +191,11 @@ def _reference(upload: Upload) -> tensors.Reference:
 
 @dataclass
 class Staged:
-    """Objects to write before the jobs are stored: by job id, their keys and bytes."""
+    """Objects of the jobs of one request, by job id: to write before the jobs are stored
+    (their keys and bytes), and written already (a streamed body's key)."""
 
     objects: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    written: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -205,42 +216,59 @@ def pack(
     inline_max_bytes: int,
     staged: Staged | None,
 ) -> Packed:
-    """Pack a job's inputs: those named by URI as references to their uploads, arrays over
-    `inline_max_bytes` (not strings) as references to objects of the job's own, staged to be
-    written under `keys.input_key` (without `staged`, every array stays inline)."""
-    references = {name: named.reference for name, named in uris.items()}
+    """Pack a job's inputs: those in `uris` as their references, arrays over `inline_max_bytes`
+    (not strings) as references to objects of the job's own, staged to be written under
+    `keys.input_key` (without `staged`, every array stays inline)."""
     large = {
         name: array
         for name, array in arrays.items()
         if staged is not None and not tensors.is_string(array) and array.nbytes > inline_max_bytes
     }
-    if not large:
+    streamed = {name: named for name, named in uris.items() if named.upload_id is None}
+    references = {name: named.reference for name, named in uris.items()}
+    if not large and not streamed:
         return Packed(tensors.pack(arrays, references), None, None)
-    assert staged is not None
     inline = {name: array for name, array in arrays.items() if name not in large}
-    own: dict[str, tensors.Reference] = {}
+    digests = {name: named.digest for name, named in streamed.items()}
+    stored = sum(named.size for named in streamed.values())
     written: dict[str, bytes] = {}
-    digest = hashlib.sha256()
     for name, array in large.items():
         data = tensors.write_npy(array)
-        nbytes = array.nbytes
         key = keys.input_key(tenant, job_id, name)
-        own[name] = tensors.Reference(
+        references[name] = tensors.Reference(
             key=key,
             dtype=array.dtype.name,
             shape=tuple(array.shape),
-            offset=len(data) - nbytes,
-            nbytes=nbytes,
+            offset=len(data) - array.nbytes,
+            nbytes=array.nbytes,
         )
         written[key] = data
-        digest.update(memoryview(data)[len(data) - nbytes :])
-    staged.objects[job_id] = written
-    # The hashes read the bytes, not the keys, which name this job: a request sent again (or
-    # equal inputs of another job) must hash the same.
-    anonymous = {name: dataclasses.replace(ref, key=name) for name, ref in own.items()}
-    digest.update(tensors.pack(inline, {**references, **anonymous}))
-    blob = tensors.pack(inline, {**references, **own})
-    return Packed(blob, sum(len(data) for data in written.values()), digest.digest())
+        digests[name] = hashlib.sha256(memoryview(data)[len(data) - array.nbytes :]).digest()
+        stored += len(data)
+    if written:
+        assert staged is not None
+        staged.objects[job_id] = written
+    return Packed(tensors.pack(inline, references), stored, _content(inline, references, digests))
+
+
+def _content(
+    inline: dict[str, np.ndarray],
+    references: dict[str, tensors.Reference],
+    digests: dict[str, bytes],
+) -> bytes:
+    """What the hashes read for a job with objects of its own: their data's digests, and the
+    blob with their keys (which name the job, not the bytes) and .npy header lengths (which
+    differ between writers) left out. A request sent again, the same tensors as JSON or as a
+    binary body, equal inputs of another job: the same content."""
+    digest = hashlib.sha256()
+    for name in sorted(digests):
+        digest.update(digests[name])
+    anonymous = {
+        name: dataclasses.replace(ref, key=name, offset=0) if name in digests else ref
+        for name, ref in references.items()
+    }
+    digest.update(tensors.pack(inline, anonymous))
+    return digest.digest()
 
 
 async def ingest(state: AppState, new: Sequence[jobs.NewJob], staged: Staged) -> Ingested:
@@ -254,14 +282,26 @@ async def ingest(state: AppState, new: Sequence[jobs.NewJob], staged: Staged) ->
                 written.append(key)
         ingested = await state.ingestor(new)
     except BaseException:
-        await _discard(state, written)
+        await _discard(state, written + [key for keys_ in staged.written.values() for key in keys_])
         raise
     stored = {out["id"] for out in ingested.jobs}
     await _discard(
         state,
-        [key for job_id, found in staged.objects.items() if job_id not in stored for key in found],
+        [
+            key
+            for found in (staged.objects, staged.written)
+            for job_id, keys_ in found.items()
+            if job_id not in stored
+            for key in keys_
+        ],
     )
     return ingested
+
+
+async def discard(state: AppState, staged: Staged) -> None:
+    """Delete what a request wrote before it failed (a streamed body, before the checks that
+    follow it refused the job)."""
+    await _discard(state, [key for keys_ in staged.written.values() for key in keys_])
 
 
 async def _discard(state: AppState, written: list[str]) -> None:
@@ -272,3 +312,72 @@ async def _discard(state: AppState, written: list[str]) -> None:
         await state.objects.delete_async(written)
     except StoreUnavailable as exc:
         log.warning("could not delete %d objects of jobs not stored: %s", len(written), exc)
+
+
+# ─── A large .npy body, streamed into the store ───────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A single-input job's .npy body, written to the store as it arrived: its id (the key
+    names it) and its input."""
+
+    job_id: str
+    uris: dict[str, Named]
+
+
+async def binary_body(
+    state: AppState, request: Request, caller: Caller, spec: JobCreate, media: str, staged: Staged
+) -> bytes | Streamed:
+    """A binary job body: read whole (at most TFFLEET_MAX_BODY_BYTES), or, for an .npy over
+    TFFLEET_INLINE_MAX_BYTES (or of no declared length) that a single-input model takes as it
+    lies (its dtype, little-endian, C order), streamed into the store under the job's inputs/
+    and never held whole (at most TFFLEET_MAX_UPLOAD_BYTES). Its header is checked against the
+    signature before a byte is stored; what it wrote is in `staged.written`."""
+    settings = state.settings
+    declared = request.headers.get("content-length", "")
+    if media != tensors.NPY or (declared.isdigit() and int(declared) <= settings.inline_max_bytes):
+        return await read_bytes(request, max_bytes=settings.max_body_bytes)
+    signature = await run_in_threadpool(state.signatures.resolve, spec.model, spec.version)
+    header, chunks = await npy_stream(
+        request, max_bytes=settings.max_upload_bytes, invalid=InvalidRequest
+    )
+    inputs = signature["inputs"]
+    (name, wanted), *others = sorted(inputs.items())
+    if others or header.dtype.name != wanted["dtype"] or by_reference_problem(header):
+        # To be cast, or refused with the message a small body gets: read whole, as one is.
+        return await _gathered(chunks, settings.max_body_bytes)
+    job_id = new_job_id()
+    reference = tensors.Reference(
+        key=keys.input_key(caller.tenant, job_id, name),
+        dtype=header.dtype.name,
+        shape=header.shape,
+        offset=header.offset,
+        nbytes=header.nbytes,
+    )
+    validate_inputs({}, signature=inputs, model=spec.model, references={name: reference})
+    digest = hashlib.sha256()
+    size = await state.objects.put_stream_async(
+        reference.key, _hashed(chunks, header.offset, digest)
+    )
+    staged.written[job_id] = [reference.key]
+    return Streamed(job_id, {name: Named(None, reference, size, digest.digest())})
+
+
+async def _gathered(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
+    data = bytearray()
+    async for chunk in chunks:
+        data += chunk
+        if len(data) > max_bytes:
+            raise PayloadTooLarge(f"body is over the limit of {max_bytes} bytes")
+    return bytes(data)
+
+
+async def _hashed(
+    chunks: AsyncIterator[bytes], skip: int, digest: hashlib._Hash
+) -> AsyncIterator[bytes]:
+    """The chunks as they are, their bytes past the first `skip` (the header) hashed."""
+    async for chunk in chunks:
+        digest.update(memoryview(chunk)[skip:])
+        skip = max(0, skip - len(chunk))
+        yield chunk

@@ -112,13 +112,15 @@ def prepare(
     cancel_after_s: float | None = None,
     uris: references.Uris | None = None,
     staged: references.Staged | None = None,
+    job_ids: Sequence[str] | None = None,
 ) -> list[jobs.NewJob]:
     """Check every job against its signature and the tenant's limits before anything is
     stored; a retention longer than the tenant's longest is cut to it.
 
     `uris`: the inputs each spec names by URI (`references.resolve`). With `staged`, inputs
     over TFFLEET_INLINE_MAX_BYTES are staged there, to be written to the object store before
-    the jobs are stored (`references.ingest`); without it, all stay inline."""
+    the jobs are stored (`references.ingest`); without it, all stay inline. `job_ids`: the
+    jobs' ids, where objects were written under them already (a streamed body)."""
     prepared = []
     for index, spec in enumerate(specs):
         try:
@@ -144,7 +146,7 @@ def prepare(
             if many:
                 exc.message = f"jobs[{index}]: {exc.message}"
             raise
-        job_id = new_job_id()
+        job_id = job_ids[index] if job_ids else new_job_id()
         packed = references.pack(
             arrays,
             named,
@@ -161,7 +163,7 @@ def prepare(
                 samples=samples,
                 inputs=packed.blob,
                 stored_bytes=packed.stored_bytes,
-                uploads=tuple(sorted({found.upload_id for found in named.values()})),
+                uploads=tuple(sorted({n.upload_id for n in named.values() if n.upload_id})),
                 content=packed.content,
                 priority=spec.priority,
                 ttl_s=None if spec.ttl_s is None else min(spec.ttl_s, limits.max_ttl_s),
@@ -182,7 +184,7 @@ def prepare(
 def prepare_binary(
     state: AppState,
     spec: JobCreate,
-    body: bytes,
+    body: bytes | references.Streamed,
     media: str,
     caller: Caller,
     limits: Limits,
@@ -192,7 +194,14 @@ def prepare_binary(
     staged: references.Staged | None = None,
 ) -> list[jobs.NewJob]:
     """`prepare` for a binary body: its arrays (views of `body`) are checked as a JSON body's
-    tensors are, and copied once, into the stored blob (or an object staged in `staged`)."""
+    tensors are, and copied once, into the stored blob (or an object staged in `staged`). A
+    body streamed into the store (`references.binary_body`) was checked by its header."""
+    if isinstance(body, references.Streamed):
+        specs = [spec.model_copy(update={"inputs": {}})]
+        return prepare(
+            state, specs, False, caller, limits, key, cancel_after_s=cancel_after_s,
+            uris=[body.uris], staged=staged, job_ids=[body.job_id],
+        )  # fmt: skip
     inputs = read_binary(body, media)
     specs = [spec.model_copy(update={"inputs": inputs})]
     return prepare(

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from api import negotiation, openapi, references
-from api.body import INLINE_BYTES, read_bytes, read_json
+from api.body import INLINE_BYTES, read_json
 from api.deadlines import cancel_after_s
 from api.ids import JobId
 from api.ingest import BLOB
@@ -94,8 +94,9 @@ async def submit(
     # Inputs over TFFLEET_INLINE_MAX_BYTES, to be written to the object store (api/references.py).
     staged = references.Staged()
     if media in negotiation.BINARY:
-        body = await read_bytes(request, max_bytes=state.settings.max_body_bytes)
         specs, many = [negotiation.binary_spec(request)], False
+        # A large .npy may be streamed into the store (written once its header is checked).
+        body = await references.binary_body(state, request, caller, specs[0], media, staged)
         check = functools.partial(
             prepare_binary, state, specs[0], body, media, cancel_after_s=deadline, staged=staged
         )
@@ -114,16 +115,20 @@ async def submit(
         )
     else:
         raise UnsupportedMediaType(f"Content-Type must be one of {', '.join(negotiation.ACCEPTED)}")
-    await check_webhooks(state, specs, many)
-    declared = request.headers.get("content-length", "")
-    small = declared.isdigit() and int(declared) < INLINE_BYTES
-    limits = await state.admission.limits(caller.tenant)
-    if small and all(state.signatures.cached(s.model, s.version) for s in specs):
-        new = check(caller, limits, key)
-    else:
-        new = await run_in_threadpool(check, caller, limits, key)
-    await state.admission.admit(len(new), tenant=caller.tenant, limits=limits)
-    ingested = await references.ingest(state, new, staged)
+    try:
+        await check_webhooks(state, specs, many)
+        declared = request.headers.get("content-length", "")
+        small = declared.isdigit() and int(declared) < INLINE_BYTES
+        limits = await state.admission.limits(caller.tenant)
+        if small and all(state.signatures.cached(s.model, s.version) for s in specs):
+            new = check(caller, limits, key)
+        else:
+            new = await run_in_threadpool(check, caller, limits, key)
+        await state.admission.admit(len(new), tenant=caller.tenant, limits=limits)
+        ingested = await references.ingest(state, new, staged)
+    except BaseException:
+        await references.discard(state, staged)  # a streamed body no job came of
+        raise
     SUBMIT_SECONDS.observe(time.perf_counter() - started)
     outs = ingested.jobs
     npz = not many and negotiation.accepts_npz(request)

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from api.body import npy_stream
+from api.body import by_reference_problem, npy_stream
 from api.negotiation import media_type
 from api.schemas import UploadOut, error_responses, json_response
 from api.state import AppState, get_state
@@ -80,6 +80,9 @@ async def upload(
     if media != tensors.NPY:
         raise UnsupportedMediaType(f"Content-Type must be {tensors.NPY} (what np.save writes)")
     header, chunks = await npy_stream(request, max_bytes=state.settings.max_upload_bytes)
+    problem = by_reference_problem(header)  # stored as it came: a worker reads it as it lies
+    if problem is not None:
+        raise InvalidInput(f"body: {problem}")
     size = await state.objects.put_stream_async(key, chunks)
     try:
         expires_at = await run_in_threadpool(

@@ -528,3 +528,92 @@ async def test_a_store_that_fails_keeps_the_garbage_for_the_next_sweep(
     assert garbage.collect(small_inline.sessions, lambda: object_store).objects_deleted == 1
     assert object_store.total_bytes() == (0, 0)
     assert garbage_rows(small_inline.sessions) == 0
+
+
+# ─── A large .npy body streamed into the store ────────────────────────────────────────────────────
+
+
+async def post_npy(api: Api, body: bytes | Any, **params: Any) -> httpx.Response:
+    return await api.client.post(
+        "/v1/jobs",
+        content=body,
+        headers={"Content-Type": tensors.NPY},
+        params={"model": "mlp", **params},
+    )
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_a_large_npy_body_is_streamed_into_the_store_as_it_came(
+    small_inline: Api, object_store: ObjectStore
+) -> None:
+    body = npy(X)
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: streamed too
+        yield body[:50]
+        yield body[50:]
+
+    for sent in (body, chunks()):
+        response = await post_npy(small_inline, sent)
+        assert response.status_code == 202, response.text
+        job_id = response.json()["id"]
+        job = read_job(small_inline.sessions, job_id)
+        ref = tensors.references(job.inputs)["x"]
+        key = keys.input_key("default", job_id, "x")
+        # The body itself, header and all: np.save's, not rewritten.
+        assert (ref.key, ref.offset, job.stored_bytes) == (key, len(body) - X.nbytes, len(body))
+        assert bytes(object_store.get(key)) == body
+        np.testing.assert_array_equal(inputs_of(small_inline, job_id, object_store)["x"], X)
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_a_large_npy_body_to_be_cast_is_read_whole_and_cast(
+    small_inline: Api, object_store: ObjectStore
+) -> None:
+    response = await post_npy(small_inline, npy(X.astype(np.float64)))
+    assert response.status_code == 202, response.text
+    arrays = inputs_of(small_inline, response.json()["id"], object_store)
+    assert arrays["x"].dtype == np.float32
+    np.testing.assert_array_equal(arrays["x"], X)
+
+
+@pytest.mark.parametrize(
+    ("body", "params", "status", "says"),
+    [
+        (npy(X[:, :3]), {}, 422, "inputs.x: dimension 1 must be 4"),
+        (npy(X)[:-4], {}, 400, "body: holds 92 bytes"),
+        (npy(X), {"priority": 999}, 422, "priority: at most 10"),  # after it was streamed
+    ],
+)
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_a_streamed_body_refused_leaves_nothing(
+    small_inline: Api,
+    object_store: ObjectStore,
+    body: bytes,
+    params: dict[str, Any],
+    status: int,
+    says: str,
+) -> None:
+    response = await post_npy(small_inline, body, **params)
+    assert response.status_code == status, response.text
+    assert says in response.json()["error"]["message"]
+    assert object_store.total_bytes() == (0, 0)
+    assert count_jobs(small_inline.sessions) == 0
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_the_same_tensor_as_json_or_a_streamed_body_is_one_request(
+    small_inline: Api, object_store: ObjectStore
+) -> None:
+    headers = {"Idempotency-Key": "same-1"}
+    first = await small_inline.client.post(
+        "/v1/jobs", json={"model": "mlp", "inputs": {"x": envelope(X)}}, headers=headers
+    )
+    again = await small_inline.client.post(
+        "/v1/jobs",
+        content=npy(X),
+        headers={"Content-Type": tensors.NPY, **headers},
+        params={"model": "mlp"},
+    )
+    assert first.status_code == again.status_code == 202, again.text
+    assert first.json()["id"] == again.json()["id"]
+    assert object_store.total_bytes()[0] == 1  # the replay's streamed object went again
