@@ -4,12 +4,18 @@ A facade's request becomes one job of the caller's tenant, checked and stored as
 stores one, batched with everyone else's traffic, and the answer waits for it, up to
 `TFFLEET_PROTOCOL_WAIT_S`; past that the answer is 504 naming the job, which runs on and is
 polled at `/v1/jobs/{id}`. Both protocols write an error as `{"error": "message"}`.
+
+Large inputs go where a native job's go (api/references.py): an input over
+TFFLEET_INLINE_MAX_BYTES is written to the object store before its job's row, and an input
+given by reference (`{"uri": "tffleet://uploads/<id>"}`, where the protocol's JSON has room for
+one) points at its upload; neither puts its bytes in the database.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +24,7 @@ from fastapi import Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.exc import SQLAlchemyError
 
+from api import references
 from api.ingest import BLOB
 from api.metrics import REQUESTS_REJECTED
 from api.schemas import JobCreate, json_response
@@ -124,21 +131,32 @@ async def run_job(
     cancel_after_s: float | None = None,
     wait_s: float | None = None,
     inline: bool = False,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> Answer:
     """Store one job of `caller`'s tenant (checked first: a bad request stores nothing) and
     wait for it: its outputs, or `Unanswered`. `inputs`: wire tensors as a JSON body gives
-    them, or arrays by name. `inline`: the inputs are small (the job API's bound, 64 KiB),
-    so they are checked on the event loop when the signature is cached."""
+    them, or arrays by name, or `{"uri": ...}` references to uploads. `inline`: the inputs are
+    small (the job API's bound, 64 KiB), so they are checked on the event loop when the
+    signature is cached. `shapes`: the shapes the request declares for inputs it gives by
+    reference (OIP's tensors have one), checked against their uploads'.
+
+    As `POST /v1/jobs`, inputs over TFFLEET_INLINE_MAX_BYTES are written to the object store
+    before the job is stored (`references.ingest`), so none of its inputs' bytes are in SQL."""
     spec = parse(JobCreate, {"model": model, "version": version, "inputs": {}})
     spec = spec.model_copy(update={"inputs": inputs})
+    uris = await references.resolve(state, caller, [spec], False)
+    _check_shapes(uris[0], shapes or {})
+    staged = references.Staged()
     limits = await state.admission.limits(caller.tenant)
-    check = functools.partial(prepare, state, [spec], False, caller, limits)
+    check = functools.partial(
+        prepare, state, [spec], False, caller, limits, uris=uris, staged=staged
+    )
     if inline and state.signatures.cached(model, version):
         new = check(cancel_after_s=cancel_after_s)  # a thread hop would cost more
     else:
         new = await run_in_threadpool(check, cancel_after_s=cancel_after_s)
     await state.admission.admit(len(new), tenant=caller.tenant, limits=limits)
-    ingested = await state.ingestor(new)
+    ingested = await references.ingest(state, new, staged)
     job_id = ingested.jobs[0]["id"]
     wait_s = state.settings.protocol_wait_s if wait_s is None else wait_s
     try:
@@ -157,6 +175,19 @@ async def run_job(
     raise _unanswered(
         out, wait_s, canceled_then=cancel_after_s is not None and cancel_after_s <= wait_s
     )
+
+
+def _check_shapes(
+    named: Mapping[str, references.Named], shapes: Mapping[str, Sequence[int]]
+) -> None:
+    """400 naming the input where a request declares a shape its upload does not have."""
+    for name, found in named.items():
+        declared = shapes.get(name)
+        if declared is not None and tuple(declared) != found.reference.shape:
+            raise InvalidInput(
+                f"inputs.{name}.shape: the request says {list(declared)}, its upload holds "
+                f"{list(found.reference.shape)}"
+            )
 
 
 async def _outputs(state: AppState, job_id: str, blob: bytes) -> dict[str, np.ndarray]:

@@ -11,13 +11,16 @@ Pure functions: the routes (api/protocols/oip/routes.py) do the waiting and the 
                    {"name", "shape", "datatype", "parameters": {"binary_data_size": n}}
     binary data    little-endian, row-major; BOOL one byte; BYTES each element a 4-byte
                    little-endian length and its bytes; inputs' data one after another
+    by reference   {"name", "shape", "datatype", "parameters": {"tffleet_uri":
+                   "tffleet://uploads/<id>"}}: an upload (POST /v1/uploads) in place of
+                   the data; the facade checks it as the job API checks a {"uri": ...}
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,6 +56,8 @@ _REQUEST_KEYS = {"id", "parameters", "inputs", "outputs"}
 # Parameters of extensions tffleet does not serve: a request that needs one is refused, not
 # answered as if it had not asked.
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+# An input's parameter naming an upload in place of its data (tffleet's own).
+URI_PARAMETER = "tffleet_uri"
 
 
 @dataclass(frozen=True)
@@ -64,9 +69,11 @@ class Output:
 @dataclass(frozen=True)
 class InferRequest:
     id: str | None
-    inputs: dict[str, np.ndarray]
+    # Arrays by name, or `{"uri": ...}` for an input given by reference (`tffleet_uri`).
+    inputs: dict[str, np.ndarray | dict[str, str]]
     outputs: list[Output]  # what the answer holds, in this order
     timeout_s: float | None  # the `timeout` parameter (microseconds), as seconds
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # those by reference, as given
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
@@ -127,13 +134,16 @@ def read_infer(
     given = body.get("inputs")
     if not isinstance(given, list) or not given:
         raise InvalidRequest("inputs: expected a non-empty list of input tensors")
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray | dict[str, str]] = {}
+    shapes: dict[str, list[int]] = {}
     offset = 0
     for index, item in enumerate(given):
         name, array, used = _input(item, f"inputs[{index}]", binary[offset:], model, inputs)
         if name in arrays:
             raise InvalidRequest(f"inputs[{index}].name: input {name!r} is given twice")
         arrays[name] = array
+        if isinstance(array, dict):
+            shapes[name] = item["shape"]
         offset += used
     if offset != len(binary):
         raise InvalidRequest(
@@ -145,6 +155,7 @@ def read_infer(
         inputs=arrays,
         outputs=_requested(body.get("outputs"), binary_default, model, outputs),
         timeout_s=timeout_s,
+        shapes=shapes,
     )
 
 
@@ -185,8 +196,9 @@ def _input(
     binary: memoryview,
     model: str,
     signature: Mapping[str, Mapping[str, Any]],
-) -> tuple[str, np.ndarray, int]:
-    """One input: its name, its array (shaped as given) and how many binary bytes it used."""
+) -> tuple[str, np.ndarray | dict[str, str], int]:
+    """One input: its name, its array (shaped as given) or the reference to its upload, and
+    how many binary bytes it used."""
     if not isinstance(item, dict):
         raise InvalidRequest(f"{where}: expected an object, got {_json_type(item)}")
     unknown = sorted(set(item) - _INPUT_KEYS)
@@ -213,6 +225,8 @@ def _input(
     count = math.prod(shape)
     parameters = _parameters(item.get("parameters"), f"{where}.parameters")
     size = parameters.get("binary_data_size")
+    if URI_PARAMETER in parameters:
+        return name, _reference(item, parameters, size, where), 0
     if size is None:
         if "data" not in item:
             raise InvalidRequest(f"{where}: give `data`, or binary data (binary_data_size)")
@@ -231,6 +245,21 @@ def _input(
         array = from_binary(binary[:size], dtype, count, f"{where}")
         used = size
     return name, array.reshape(shape), used
+
+
+def _reference(
+    item: Mapping[str, Any], parameters: Mapping[str, Any], size: Any, where: str
+) -> dict[str, str]:
+    """`parameters.tffleet_uri` as the job API's reference; the URI itself is checked with the
+    upload it names (api/references.py), its shape against the one given (api/protocols)."""
+    uri = parameters[URI_PARAMETER]
+    if not isinstance(uri, str):
+        raise InvalidRequest(f"{where}.parameters.{URI_PARAMETER}: expected a string")
+    if "data" in item or size is not None:
+        raise InvalidRequest(
+            f"{where}: give either `data`, binary data or parameters.{URI_PARAMETER}, not both"
+        )
+    return {"uri": uri}
 
 
 def _shape(value: Any, where: str) -> list[int]:

@@ -243,6 +243,7 @@ async def _infer(request: Request, name: str, version_text: str | None) -> Respo
             cancel_after_s=parsed.timeout_s,
             wait_s=wait_s,
             inline=small,
+            shapes=parsed.shapes,
         )
         head, data = codec.infer_answer(
             model=answer.model,

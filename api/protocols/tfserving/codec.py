@@ -2,6 +2,10 @@
 job's inputs, a job's outputs written as `predictions` or `outputs`, and a model's status and
 metadata as `GetModelStatusResponse` and `GetModelMetadataResponse` are written in JSON.
 
+The columnar format (`inputs`) may give a tensor by reference to an upload, as the job API
+takes one: `{"inputs": {"x": {"uri": "tffleet://uploads/<id>"}}}` (or `{"inputs": {"uri":
+...}}` for a one-input model). The row format has no room for one: each instance holds a slice.
+
 Pure functions: the routes (api/protocols/tfserving/routes.py) do the waiting and the answering.
 """
 
@@ -68,11 +72,20 @@ def read_predict(body: Any, *, input_names: list[str], signature: str) -> Predic
     if ("instances" in body) == ("inputs" in body):
         raise InvalidRequest("body: give either `instances` (row format) or `inputs` (columnar)")
     if "inputs" in body:
-        return PredictRequest("columnar", _columnar(body["inputs"]))
+        return PredictRequest("columnar", _columnar(body["inputs"], input_names))
     return PredictRequest("row", _rows(body["instances"], input_names))
 
 
-def _columnar(value: Any) -> dict[str, Any] | list[Any]:
+def _is_reference(value: Any) -> bool:
+    """`{"uri": "tffleet://uploads/<id>"}`: an upload in place of a tensor (api/references.py
+    checks it as the job API does)."""
+    return isinstance(value, Mapping) and "uri" in value
+
+
+def _columnar(value: Any, names: list[str]) -> dict[str, Any] | list[Any]:
+    if _is_reference(value) and len(names) == 1 and "uri" not in names:
+        # One tensor of a one-input model, given by reference.
+        return {names[0]: value}
     if isinstance(value, dict | list):
         # By name, or one tensor (an envelope, or nested lists) of a one-input model.
         return value
