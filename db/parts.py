@@ -18,7 +18,11 @@ samples that succeeded, for progress. Once the job ends, its parts are deleted.
 
 An input the job holds in the object store (a `Reference`) is not copied: each part references
 the same object, at its own rows (`_slice`). The object stays while the job keeps its inputs,
-so while its parts run. A part's outputs stay inline in its row, for `settle` to join.
+so while its parts run. A part's outputs stay inline in its row, for `settle` to join; a joined
+output over the inline limit goes to the store (`Spill`) under the job's own outputs/, and the
+job's row holds its reference, never the bytes. `split` marks the job as owning objects
+(`stored_bytes` at least 0) before any part runs, so an object written by a join whose
+transaction then failed is still under a prefix its deletion removes.
 """
 
 from __future__ import annotations
@@ -26,16 +30,18 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Table, delete, select, update
+from sqlalchemy import Table, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from db import cache, clock, webhooks
 from db.jobs import Lease
 from db.models import Job, JobErrorCode, JobInput, JobStatus
 from tffleet import tensors
+from tffleet.objectstore import ObjectStore, keys
 from tffleet.tensors import Reference
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
@@ -72,7 +78,14 @@ def split(
             _jobs.c.lease_owner == lease.owner,
             _jobs.c.attempts == lease.attempt,
         )
-        .values(parts=len(starts), samples_done=0, lease_owner=None, lease_expires_at=None)
+        .values(
+            parts=len(starts),
+            samples_done=0,
+            lease_owner=None,
+            lease_expires_at=None,
+            # Its join may write outputs to the store (`settle`): marked before any part runs.
+            stored_bytes=func.coalesce(_jobs.c.stored_bytes, 0),
+        )
         .returning(_jobs.c.tenant, _jobs.c.ttl_s)
     ).one_or_none()
     if held is None:
@@ -128,12 +141,25 @@ def _slice(ref: Reference, start: int, rows: int) -> Reference:
     )
 
 
-def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:
+@dataclass(frozen=True)
+class Spill:
+    """Where a joined output over `inline_max_bytes` goes: the object store (the worker's)."""
+
+    store: ObjectStore
+    inline_max_bytes: int
+
+
+def settle(*, session: Session, parent_ids: Iterable[str], spill: Spill | None = None) -> list[str]:
     """After parts ended: record each job's progress, and end a job whose parts all succeeded
     (its outputs joined in part order) or one of whose parts failed. Returns the jobs that ended.
 
     Each job's row is locked first, so of two transactions that end its last two parts, the
-    second sees the first's and writes the outputs (SQLite runs one writer at a time)."""
+    second sees the first's and writes the outputs (SQLite runs one writer at a time). With
+    `spill`, a joined output over its limit is written to the store, under the job's key for it,
+    before the row references it: a transaction that fails after the write leaves an object the
+    next join writes again, byte for byte, and `stored_bytes` grows only when the row does.
+    Raises `StoreUnavailable` (the transaction rolls back: the parts run again) when the store
+    does not answer."""
     ended = []
     for parent_id in sorted(set(parent_ids)):
         parent = session.execute(
@@ -143,6 +169,7 @@ def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:
                 _jobs.c.samples,
                 _jobs.c.cache_key,
                 _jobs.c.webhook_events,
+                _jobs.c.tenant,
             )
             .where(_jobs.c.id == parent_id)
             .with_for_update()
@@ -186,9 +213,11 @@ def settle(*, session: Session, parent_ids: Iterable[str]) -> list[str]:
         done = [p for p in parts if p.status == JobStatus.SUCCEEDED.value]
         values: dict[str, Any] = {"samples_done": sum(p.samples for p in done)}
         if len(done) == parent.parts:
-            joined = _join(session, [p.id for p in done])
+            joined, stored = _join(session, [p.id for p in done], parent_id, parent.tenant, spill)
             values |= {"status": JobStatus.SUCCEEDED.value, "outputs": joined, "finished_at": now}
-            if parent.cache_key:
+            if stored:
+                values["stored_bytes"] = func.coalesce(_jobs.c.stored_bytes, 0) + stored
+            if parent.cache_key and not stored:  # an output by reference is not cached
                 cache.remember(session=session, entries=[(parent.cache_key, joined)], now=now)
             ended.append(parent_id)
         session.execute(update(_jobs).where(_jobs.c.id == parent_id).values(**values))
@@ -221,12 +250,44 @@ def stranded(*, session: Session, limit: int = 100) -> list[str]:
     return list(session.scalars(query))
 
 
-def _join(session: Session, part_ids: Sequence[str]) -> bytes:
+def _join(
+    session: Session,
+    part_ids: Sequence[str],
+    job_id: str,
+    tenant: str | None,
+    spill: Spill | None,
+) -> tuple[bytes, int]:
+    """The parts' outputs joined in part order, packed: those over the spill's limit as
+    references to objects written under the job's outputs/. Returns the blob and the bytes
+    written to the store."""
     outputs = dict(
         session.execute(select(_jobs.c.id, _jobs.c.outputs).where(_jobs.c.id.in_(part_ids))).all()
     )
     parts = [tensors.unpack(outputs[part]) for part in part_ids]
-    return tensors.pack({name: np.concatenate([p[name] for p in parts]) for name in parts[0]})
+    joined = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    if spill is None or tenant is None:
+        return tensors.pack(joined), 0
+    references: dict[str, Reference] = {}
+    for name, array in joined.items():
+        if tensors.is_string(array) or array.nbytes <= spill.inline_max_bytes:
+            continue
+        references[name] = _write(spill.store, keys.output_key(tenant, job_id, name), array)
+    inline = {name: array for name, array in joined.items() if name not in references}
+    stored = sum(ref.offset + ref.nbytes for ref in references.values())
+    return tensors.pack(inline, references), stored
+
+
+def _write(store: ObjectStore, key: str, array: np.ndarray) -> Reference:
+    """One output as a whole .npy object, as the worker writes a job's own."""
+    data = tensors.write_npy(array)
+    store.put(key, data)
+    return Reference(
+        key=key,
+        dtype=array.dtype.name,
+        shape=tuple(array.shape),
+        offset=len(data) - array.nbytes,
+        nbytes=array.nbytes,
+    )
 
 
 def _discard(session: Session, parent_id: str) -> None:

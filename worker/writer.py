@@ -20,7 +20,8 @@ from db import clock, jobs, parts
 from db.jobs import Lease
 from db.models import JobErrorCode
 from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
-from worker import handoff, metrics, pipeline
+from tffleet.objectstore import StoreUnavailable
+from worker import handoff, metrics, objects, pipeline
 from worker.announcer import Notify
 from worker.handoff import Wake
 from worker.heartbeat import Heartbeat
@@ -99,12 +100,17 @@ class Writer:
                         reason=f"the object store did not take its outputs ({stored.error})",
                     )
                 # Split jobs whose last part this was end now, in the same transaction.
-                joined = parts.settle(session=session, parent_ids=parents(leases))
+                joined = parts.settle(
+                    session=session, parent_ids=parents(leases), spill=self._spill()
+                )
         except INFRA_ERRORS:
             handoff.hand_back(
                 leases, task=self.task, sessions=self.sessions, heartbeat=self.heartbeat,
                 wake=self.wake,
             )  # fmt: skip
+            raise
+        except StoreUnavailable as exc:  # a split job's join could not write its outputs
+            objects.put_back(leases, sessions=self.sessions, heartbeat=self.heartbeat, error=exc)
             raise
         self.heartbeat.drop(leases)
         report.succeeded, report.failed = len(succeeded), len(failed)
@@ -140,6 +146,12 @@ class Writer:
         if stored.error is not None:
             raise stored.error  # the task tries again later, as after a lost database
         return report
+
+    def _spill(self) -> parts.Spill | None:
+        """Where a split job's joined outputs too large for a row go (db/parts.py)."""
+        if self.objects is None:
+            return None
+        return parts.Spill(self.objects.store, self.objects.inline_max_bytes)
 
     def _store(self, ran: Ran) -> tuple[Written, set[str]]:
         """Write the outputs too large for a row to the store, each job marked as owning
