@@ -25,13 +25,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.coalesce import Coalescer
 from api.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED, PUBLISH_FAILURES
-from db import jobs, standing
+from db import jobs, objects, standing
 from db.models import Job, JobStatus
 from db.standing import Recent, Standing
 from db.views import job_out, standing_fields
+from tffleet import tensors
 from tffleet.announcements import EndedJob
 from tffleet.broker import Publisher
 from tffleet.errors import JobNotFound
+from tffleet.objectstore import keys
 
 JobDict = dict[str, Any]
 
@@ -94,10 +96,21 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
         self.recent = recent or Recent()
 
     def _write(self, requests: Sequence[Sequence[jobs.NewJob]]) -> list[Ingested | BaseException]:
-        keyed = [i for i, r in enumerate(requests) if r and r[0].idempotency_key is not None]
-        plain = sorted(set(range(len(requests))) - set(keyed))
         results: dict[int, Ingested | BaseException] = {}
+        owned = {job.id: own for r in requests for job in r if (own := _own_keys(job))}
         with self._sessions.begin() as session:
+            # Objects written ahead of their jobs (api/writeahead.py): a request whose garbage
+            # rows are (nearly) due is refused, the sweeper may be deleting its objects.
+            late = objects.late(session=session, keys=[k for own in owned.values() for k in own])
+            for i, request in enumerate(requests):
+                if any(key in late for job in request for key in owned.get(job.id, ())):
+                    results[i] = objects.too_late(len(late))
+            keyed = [
+                i
+                for i, r in enumerate(requests)
+                if i not in results and r and r[0].idempotency_key is not None
+            ]
+            plain = sorted(set(range(len(requests))) - set(keyed) - set(results))
             created = jobs.create(session=session, jobs=[j for i in plain for j in requests[i]])
             looked_up: list[Any] = [job for job in created if job.cache_key]
             stored: list[Any] = list(created)
@@ -120,6 +133,8 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
                     new = set(outcome.created)
                     publish += [out for out in outs if out["id"] in new]
                     looked_up += [j for j in outcome.jobs if j.id in new and j.cache_key]
+            made = [out["id"] for out in publish]  # every job this transaction creates
+            objects.claim(session=session, keys=[k for i in made for k in owned.get(i, ())])
         for job in looked_up:
             CACHE_LOOKUPS.labels(model=job.model, result="hit" if job.cached else "miss").inc()
         # After the commit: a wake-up never names a row another connection cannot see yet.
@@ -197,6 +212,15 @@ class JobReader(Coalescer[Read, list[JobDict]]):
                     [job_view(rows[job_id], encoding, placed.get(job_id)) for job_id in ids]
                 )
         return result
+
+
+def _own_keys(job: jobs.NewJob) -> list[str]:
+    """The objects a new job's inputs hold under its own prefix: written ahead of its row."""
+    if job.stored_bytes is None or job.id is None:
+        return []
+    prefix = keys.job_prefix(job.tenant, job.id)
+    found = tensors.references(job.inputs).values()
+    return [ref.key for ref in found if ref.key.startswith(prefix)]
 
 
 def _not_found(missing: Sequence[str]) -> JobNotFound:

@@ -9,7 +9,8 @@ must), else 422 naming the input; no other scheme is taken (the API fetches no U
 presigned upload's header is read from the store at its first reference and recorded.
 
 The objects of large inline inputs are written (`ingest`) after every check passed and before
-the job rows are committed; a store that fails is 503 and nothing is stored. A large `.npy`
+the job rows are committed, named as garbage ahead of the write until the job's transaction
+claims them (api/writeahead.py); a store that fails is 503 and nothing is stored. A large `.npy`
 body of a single-input model is streamed into the store as it arrives (`binary_body`), once its
 header passed the signature's checks. Objects of jobs that were not stored after all (a later
 check refused it, a replayed Idempotency-Key, a conflict) are deleted again.
@@ -28,6 +29,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
+from api import writeahead
 from api.body import by_reference_problem, npy_stream, read_bytes
 from api.ingest import Ingested
 from api.schemas import JobCreate
@@ -39,7 +41,7 @@ from db.models import Upload
 from db.tenants import Caller
 from tffleet import tensors
 from tffleet.errors import InvalidInput, InvalidRequest, PayloadTooLarge
-from tffleet.objectstore import ObjectMissing, StoreUnavailable, keys
+from tffleet.objectstore import ObjectMissing, keys
 
 log = logging.getLogger(__name__)
 
@@ -276,6 +278,7 @@ async def ingest(state: AppState, new: Sequence[jobs.NewJob], staged: Staged) ->
     is 503 with nothing stored; objects of jobs that end up not stored are deleted."""
     written: list[str] = []
     try:
+        await writeahead.write_ahead(state, [key for job in staged.objects.values() for key in job])
         for objects_of_job in staged.objects.values():
             for key, data in objects_of_job.items():
                 await state.objects.put_async(key, data)
@@ -305,13 +308,8 @@ async def discard(state: AppState, staged: Staged) -> None:
 
 
 async def _discard(state: AppState, written: list[str]) -> None:
-    """Delete objects no row names; a store that fails leaves them (logged), harmless."""
-    if not written:
-        return
-    try:
-        await state.objects.delete_async(written)
-    except StoreUnavailable as exc:
-        log.warning("could not delete %d objects of jobs not stored: %s", len(written), exc)
+    """Delete objects no row names, then their written-ahead garbage rows (api/writeahead.py)."""
+    await writeahead.discard(state, written)
 
 
 # ─── A large .npy body, streamed into the store ───────────────────────────────────────────────────
@@ -357,9 +355,14 @@ async def binary_body(
     )
     validate_inputs({}, signature=inputs, model=spec.model, references={name: reference})
     digest = hashlib.sha256()
-    size = await state.objects.put_stream_async(
-        reference.key, _hashed(chunks, header.offset, digest)
-    )
+    await writeahead.write_ahead(state, [reference.key])
+    try:
+        size = await state.objects.put_stream_async(
+            reference.key, _hashed(chunks, header.offset, digest)
+        )
+    except BaseException:
+        await writeahead.discard(state, [reference.key])  # what arrived of it, if anything
+        raise
     staged.written[job_id] = [reference.key]
     return Streamed(job_id, {name: Named(None, reference, size, digest.digest())})
 

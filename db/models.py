@@ -1,5 +1,4 @@
-"""The rows: tenants and their API keys, jobs, registered model versions, and which worker children
-hold which versions."""
+"""The rows: tenants and their API keys, jobs, model versions, which worker children hold which."""
 
 from __future__ import annotations
 
@@ -268,14 +267,15 @@ class JobUpload(Base):
 
 
 class ObjectGarbage(Base):
-    """An object (or a prefix's) to delete from the store, written with the rows' deletion."""
+    """An object (or a prefix's) to delete from the store, due at `not_before` (db/objects.py)."""
 
     __tablename__ = "object_garbage"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    key: Mapped[str] = mapped_column(Text)
+    key: Mapped[str] = mapped_column(Text, index=True)
     prefix: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    not_before: Mapped[datetime | None] = mapped_column(UTCDateTime())  # null: due now
 
 
 class CacheEntry(Base):

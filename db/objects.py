@@ -12,12 +12,17 @@ rows for the next sweep, and an object is never deleted while a row still points
   while a job that names it (`pin_uploads`) still keeps its inputs: a retry reads it again.
 - A job that owns objects (a large input at submit, a large output from the worker) has
   `stored_bytes` not null; its objects all lie under `<tenant>/jobs/<id>/`.
+- The API writes an object (an upload, a large input) before the row that names it is
+  committed: it first names the object as garbage due at `not_before`, TFFLEET_UPLOAD_GRACE_S
+  later, committed on its own (`write_ahead`), and the transaction that commits the row deletes
+  that garbage row (`claim`). An API that dies in between leaves garbage, not an orphan; a row
+  committed once its garbage row is due is refused (`late`), as the sweeper may be deleting it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from sqlalchemy import Table, delete, exists, func, insert, or_, select, update
@@ -25,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from db import clock
 from db.models import Job, JobInput, JobUpload, ObjectGarbage, Upload
+from tffleet.errors import ServiceUnavailable
 from tffleet.objectstore import keys
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
@@ -46,9 +52,12 @@ def create_upload(
     size: int | None,
     dtype: str | None = None,
     shape: Sequence[int] | None = None,
+    written_ahead: bool = False,
 ) -> Upload:
     """Record an upload whose object is (or, presigned, will be) at `keys.upload_key`. `size`
-    null: a presigned PUT not yet checked (`describe_upload` does, at its first reference)."""
+    null: a presigned PUT not yet checked (`describe_upload` does, at its first reference).
+    `written_ahead`: the API wrote its object first, named as garbage (`write_ahead`), which
+    this claims: 503 where that row is (nearly) due."""
     upload = Upload(
         id=upload_id,
         tenant=tenant,
@@ -59,6 +68,8 @@ def create_upload(
         created_at=clock.now(session),
         expires_at=expires_at,
     )
+    if written_ahead:
+        claim_in_time(session=session, keys=[upload.key])
     session.add(upload)
     session.flush()
     return upload
@@ -163,10 +174,69 @@ def _doom(session: Session, found: Sequence[tuple[str, bool]], now: datetime | N
         )
 
 
-def take_garbage(*, session: Session, limit: int) -> list[Garbage]:
-    """The oldest `limit` objects or prefixes to delete from the store."""
+# A written-ahead row is claimed only while it is due this much later at least: a sweep that
+# took it (its `not_before` passed) is never deleting the object as the row naming it commits.
+CLAIM_MARGIN = timedelta(seconds=60)
+
+
+def write_ahead(*, session: Session, keys: Sequence[str], not_before: datetime) -> None:
+    """Name objects about to be written as garbage due at `not_before`, in a transaction of its
+    own committed before the write: should the row that is to name them never be committed
+    (the API died, the request failed), the sweeper deletes them once that time has passed."""
+    rows = [
+        {"key": key, "prefix": False, "created_at": clock.now(session), "not_before": not_before}
+        for key in keys
+    ]
+    if rows:
+        session.execute(insert(_garbage), rows)
+
+
+def late(*, session: Session, keys: Sequence[str]) -> set[str]:
+    """Those of `keys` whose written-ahead rows are gone or (nearly) due: the sweeper may be
+    deleting their objects, so no row may come to name them."""
+    if not keys:
+        return set()
+    due = clock.now(session) + CLAIM_MARGIN
+    claimable = session.execute(
+        select(_garbage.c.key).where(_garbage.c.key.in_(set(keys)), _garbage.c.not_before > due)
+    ).scalars()
+    return set(keys) - set(claimable)
+
+
+def too_late(count: int) -> ServiceUnavailable:
+    """503 for a request whose objects took longer than TFFLEET_UPLOAD_GRACE_S to be stored."""
+    return ServiceUnavailable(
+        f"{count} object(s) of this request took longer than TFFLEET_UPLOAD_GRACE_S to be "
+        "stored and may be deleted already; send the request again"
+    )
+
+
+def claim_in_time(*, session: Session, keys: Sequence[str]) -> None:
+    """`claim`, or 503 (`too_late`) where a written-ahead row is gone or (nearly) due."""
+    missed = late(session=session, keys=keys)
+    if missed:
+        raise too_late(len(missed))
+    claim(session=session, keys=keys)
+
+
+def claim(*, session: Session, keys: Sequence[str]) -> None:
+    """Delete the written-ahead rows of these objects: in the transaction that commits the rows
+    naming them, or once the objects were deleted again."""
+    if keys:
+        session.execute(
+            delete(_garbage).where(
+                _garbage.c.key.in_(set(keys)), _garbage.c.not_before.is_not(None)
+            )
+        )
+
+
+def take_garbage(*, session: Session, limit: int, now: datetime | None = None) -> list[Garbage]:
+    """The oldest `limit` objects or prefixes to delete from the store that are due `now`
+    (the database's clock by default)."""
+    due = now or clock.now(session)
     rows = session.execute(
         select(_garbage.c.id, _garbage.c.key, _garbage.c.prefix)
+        .where(or_(_garbage.c.not_before.is_(None), _garbage.c.not_before <= due))
         .order_by(_garbage.c.id)
         .limit(limit)
     ).all()

@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     # it keeps its inputs).
     max_upload_bytes: int = Field(default=2 * 1024**3, gt=0)
     upload_ttl_s: float = Field(default=24 * 3600.0, gt=0)
+    # How long an object may take to arrive (an upload, a large input) before its row is
+    # committed: what the API writes is named as garbage due this long after it starts, and a
+    # row committed later than that is refused (503). 1 h takes TFFLEET_MAX_UPLOAD_BYTES at
+    # 0.6 MB/s; raise it with that limit for clients slower than that.
+    upload_grace_s: float = Field(default=3600.0, gt=0)
 
     # "cpu:N" (N CPU slots), "all" (every visible GPU, or one CPU slot without a GPU),
     # or GPU indices such as "0,1,3". One Celery child process per device.

@@ -4,7 +4,9 @@ Rows that named objects (jobs, their inputs, uploads) leave, as they are deleted
 in `object_garbage`, in the same transaction (db/objects.py). This step first deletes uploads
 past their expiry that no job keeping its inputs pins (which leaves their objects there too),
 then deletes what `object_garbage` names from the store, a bounded chunk at a time, and only
-then the garbage rows. A store that does not answer leaves the rows for the next sweep: an
+then the garbage rows. Rows the API wrote ahead of an object's write wait for their
+`not_before` (TFFLEET_UPLOAD_GRACE_S on): until then the row that names the object may still
+be committed. A store that does not answer leaves the rows for the next sweep: an
 object is deleted late, never early, and deleting one twice is no error.
 """
 
@@ -55,7 +57,7 @@ def collect(
             break
     for _ in range(max_chunks):
         with sessions() as session:
-            found = objects.take_garbage(session=session, limit=chunk)
+            found = objects.take_garbage(session=session, limit=chunk, now=clock(session))
         if not found:
             break
         try:

@@ -9,7 +9,6 @@ answer holds a URL to PUT the .npy to (an S3 store only), checked when a job fir
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from datetime import datetime, timedelta
 from typing import Annotated, Any
@@ -17,6 +16,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
+from api import writeahead
 from api.body import by_reference_problem, npy_stream
 from api.negotiation import media_type
 from api.schemas import UploadOut, error_responses, json_response
@@ -25,7 +25,7 @@ from db import clock, objects
 from db.tenants import Caller
 from tffleet import tensors
 from tffleet.errors import InvalidInput, UnsupportedMediaType
-from tffleet.objectstore import StoreUnavailable, keys
+from tffleet.objectstore import keys
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +83,15 @@ async def upload(
     problem = by_reference_problem(header)  # stored as it came: a worker reads it as it lies
     if problem is not None:
         raise InvalidInput(f"body: {problem}")
-    size = await state.objects.put_stream_async(key, chunks)
+    await writeahead.write_ahead(state, [key])  # garbage unless its row is committed in time
     try:
+        size = await state.objects.put_stream_async(key, chunks)
         expires_at = await run_in_threadpool(
             _record, state, caller, upload_id, size, header.dtype.name, list(header.shape)
         )
     except BaseException:
-        # No row names the object: it goes now (or, the store down too, stays an orphan).
-        with contextlib.suppress(StoreUnavailable):
-            await state.objects.delete_async([key])
+        # No row names the object: it goes now (or, the store down too, once its garbage is due).
+        await writeahead.discard(state, [key])
         raise
     return _answer(upload_id, None, expires_at, header.dtype.name, list(header.shape), size)
 
@@ -131,6 +131,7 @@ def _record(
             size=size,
             dtype=dtype,
             shape=shape,
+            written_ahead=size is not None,  # a body the API stored; a presigned PUT is to come
         )
     return expires_at
 

@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import jobs, objects, tenants
+from db import clock, jobs, objects, tenants
 from db.clock import utcnow
 from db.models import DEFAULT_TENANT, Job, JobInput, JobStatus, JobUpload, Upload
 from tests.db.conftest import MakeJobs
-from tffleet.errors import JobNotEnded
+from tffleet.errors import JobNotEnded, ServiceUnavailable
 from tffleet.objectstore import keys
 
 Sessions = sessionmaker[Session]
@@ -171,3 +171,29 @@ def test_stored_size_counts_jobs_and_uploads(make_jobs: MakeJobs, sessions: Sess
     upload(sessions, expires_at=utcnow() + HOUR)  # 208 bytes
     with sessions() as session:
         assert objects.stored_size(session=session) == (2, 1208)
+
+
+def test_written_ahead_garbage_waits_for_its_time_and_is_claimed_alone(sessions: Sessions) -> None:
+    """A row written ahead of an object's write is due at `not_before` only; `claim` deletes it
+    (never a doomed row of the same key), and `late` names those due within the margin."""
+    soon, later = "t/uploads/soon.npy", "t/uploads/later.npy"
+    with sessions.begin() as session:
+        now = clock.now(session)
+        objects.write_ahead(session=session, keys=[soon], not_before=now + timedelta(seconds=30))
+        objects.write_ahead(session=session, keys=[later], not_before=now + HOUR)
+        objects.doom_prefix(session=session, prefix="t/jobs/j/")
+    with sessions() as session:
+        taken = objects.take_garbage(session=session, limit=10, now=now)
+        assert [g.key for g in taken] == ["t/jobs/j/"]
+        due = objects.take_garbage(session=session, limit=10, now=now + 2 * HOUR)
+        assert [g.key for g in due] == [soon, later, "t/jobs/j/"]
+        # Due in 30 s is within the claim's margin: the sweeper may take it any moment now.
+        assert objects.late(session=session, keys=[soon, later, "gone"]) == {soon, "gone"}
+    with pytest.raises(ServiceUnavailable, match="TFFLEET_UPLOAD_GRACE_S"), sessions.begin() as s:
+        objects.claim_in_time(session=s, keys=[soon])
+    with sessions.begin() as session:
+        objects.claim_in_time(session=session, keys=[later])
+        objects.claim(session=session, keys=["t/jobs/j/"])  # a doomed row: not claimed
+    with sessions() as session:
+        left = objects.take_garbage(session=session, limit=10, now=now + 2 * HOUR)
+        assert [(g.key, g.prefix) for g in left] == [(soon, False), ("t/jobs/j/", True)]
