@@ -6,12 +6,13 @@ age), topped up while the queue is busy; a job larger than a batch is split into
 other children serving its model (db/parts.py). Every lease it claims is kept alive by the
 child's heartbeat from the claim on. A database error hands the leases claimed back and raises.
 The objects a batch's inputs point to are fetched here, in this stage's thread, so they arrive
-while the device runs the batch before (worker/objects.py); a store that does not answer puts
-the batch back, unstarted, and raises.
+while the device runs the batch before (worker/objects.py): for a part of a split job, only the
+range of its rows. A store that does not answer puts the batch back, unstarted, and raises.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -113,6 +114,7 @@ class Feeder:
         self.heartbeat.keep(leases)
         _observe_claim(self.task.model, leases)
         fetched = self._fetch(leases)
+        leases = self._repointed(leases, fetched)
         return pipeline.decode(
             leases, runner=self.task.runner, objects=fetched.objects, missing=fetched.missing
         )
@@ -127,6 +129,20 @@ class Feeder:
             # for Celery to try it again later, as after a lost database.
             objects.put_back(leases, sessions=self.sessions, heartbeat=self.heartbeat, error=exc)
             raise
+
+    def _repointed(self, leases: list[Lease], fetched: Fetched) -> list[Lease]:
+        """The leases, a part's inputs pointing at the range of its rows that was read in place
+        of its job's whole object; the heartbeat keeps these (the same jobs and fences)."""
+        if not fetched.inputs:
+            return leases
+        leases = [
+            dataclasses.replace(lease, inputs=fetched.inputs[lease.job_id])
+            if lease.job_id in fetched.inputs
+            else lease
+            for lease in leases
+        ]
+        self.heartbeat.keep(leases)
+        return leases
 
     def _claim_batch(self) -> Decoded | None:
         leases: list[Lease] = []

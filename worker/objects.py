@@ -5,12 +5,15 @@ Inputs. `Objects.fetch` gets every object a batch's references name, in parallel
 of threads), from the feeder's thread (worker/feeder.py `Feeder.hold`): while the device runs
 batch k, the objects of batch k+1 arrive. Each object is one buffer that numpy views without a
 copy (`ObjectStore.get`), so a job that runs alone copies none of its inputs and a batch of
-several copies once, where decode joins them (worker/pipeline.py).
+several copies once, where decode joins them (worker/pipeline.py). A part of a split job reads
+only its own rows' bytes of its job's object (`ObjectStore.get_range`): its inputs are handed
+on pointing at that range (`Fetched.inputs`), so the part's data is still not copied.
 
 Outputs. An output over `inline_max_bytes` (numeric and bool dtypes: a string tensor's layout is
 ours, not .npy's) is written whole to `<tenant>/jobs/<job id>/outputs/<name>.npy` and packed as a
 `Reference` (worker/writer.py): the database holds no big blob. The parts of a split job keep
-their outputs inline: their job joins them (db/parts.py `settle`).
+their outputs inline: their job joins them (db/parts.py `settle`), writing a joined output over
+the limit to the store in turn (`parts.Spill`).
 
 What goes wrong (worker/retry.py maps it with the rest):
 - An input's object is missing: it was deleted after the job was submitted (its upload expired
@@ -23,6 +26,7 @@ What goes wrong (worker/retry.py maps it with the rest):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,6 +58,18 @@ class Fetched:
 
     objects: dict[str, memoryview] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    # By job id, the inputs of a part of a split job, their references pointing at the ranges
+    # read (by `range_key`, in `objects`) in place of the whole object: what it runs on.
+    inputs: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """One get: a whole object, or the bytes `start` to `end` of it (a part's rows)."""
+
+    key: str
+    start: int | None = None
+    end: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,28 +96,51 @@ class Objects:
     # ─── Inputs ─────────────────────────────────────────────────────────────────────────────────
 
     def fetch(self, leases: Sequence[Lease]) -> Fetched:
-        """The objects the leases' inputs point to, each fetched once, all at once. Raises
-        `StoreUnavailable` (after every get ended) when the store did not answer one."""
-        wanted: dict[str, list[tuple[str, str]]] = {}  # key: (job id, input name) naming it
+        """The objects the leases' inputs point to, each fetched once, all at once; for a part
+        of a split job, only its rows' range. Raises `StoreUnavailable` (after every get ended)
+        when the store did not answer one."""
+        wanted: dict[str, list[tuple[str, str]]] = {}  # read: (job id, input name) naming it
+        reads: dict[str, _Read] = {}
+        ranged: dict[str, dict[str, Reference]] = {}  # job id: its references, repointed
         for lease in leases:
             for name, ref in _references(lease.inputs).items():
-                wanted.setdefault(ref.key, []).append((lease.job_id, name))
+                read_key = ref.key
+                if lease.parent_id is not None:
+                    read_key = range_key(ref)
+                    reads[read_key] = _Read(ref.key, ref.offset, ref.offset + ref.nbytes)
+                    ranged.setdefault(lease.job_id, {})[name] = dataclasses.replace(
+                        ref, key=read_key, offset=0
+                    )
+                else:
+                    reads[read_key] = _Read(ref.key)
+                wanted.setdefault(read_key, []).append((lease.job_id, name))
         if not wanted:
             return Fetched()
-        gets = {key: self._pool.submit(self.store.get, key) for key in wanted}
+        gets = {read_key: self._pool.submit(self._get, read) for read_key, read in reads.items()}
         fetched = Fetched()
         unavailable: StoreUnavailable | None = None
-        for key, get in gets.items():
+        for read_key, get in gets.items():
             try:
-                fetched.objects[key] = get.result()
+                fetched.objects[read_key] = get.result()
             except ObjectMissing:
-                for job_id, name in wanted[key]:
-                    fetched.missing.setdefault(job_id, missing_message(name, key))
+                for job_id, name in wanted[read_key]:
+                    fetched.missing.setdefault(job_id, missing_message(name, reads[read_key].key))
             except StoreUnavailable as exc:
                 unavailable = unavailable or exc
         if unavailable is not None:
             raise unavailable
+        by_id = {lease.job_id: lease for lease in leases}
+        for job_id, refs in ranged.items():
+            if job_id not in fetched.missing:
+                fetched.inputs[job_id] = _repointed(by_id[job_id].inputs, refs)
         return fetched
+
+    def _get(self, read: _Read) -> memoryview:
+        if read.start is None or read.end is None:
+            return self.store.get(read.key)
+        if read.end <= read.start:
+            return memoryview(b"")  # no rows: no request
+        return self.store.get_range(read.key, read.start, read.end)
 
     # ─── Outputs ────────────────────────────────────────────────────────────────────────────────
 
@@ -160,6 +199,17 @@ class Objects:
             offset=len(data) - array.nbytes,
             nbytes=array.nbytes,
         )
+
+
+def range_key(ref: Reference) -> str:
+    """What names the bytes of `ref` alone (never a store key: `#` is in none)."""
+    return f"{ref.key}#{ref.offset}-{ref.offset + ref.nbytes}"
+
+
+def _repointed(blob: bytes, references: Mapping[str, Reference]) -> bytes:
+    """`blob` with these references in place of its own: its inline tensors as they were (a
+    part's are small; its large ones are references)."""
+    return tensors.pack(tensors.unpack(blob, inline_only=True), references)
 
 
 def missing_message(name: str, key: str) -> str:

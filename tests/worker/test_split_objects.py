@@ -125,3 +125,62 @@ def test_a_join_without_a_store_or_under_the_limit_stays_inline(
     assert job.outputs is not None and tensors.references(job.outputs) == {}
     np.testing.assert_allclose(tensors.unpack(job.outputs)["y"], model_fn(x), rtol=1e-6)
     assert object_store.keys(keys.job_prefix(DEFAULT_TENANT, job_id)) == []
+
+
+# ─── A part reads its own rows ────────────────────────────────────────────────────────────────────
+
+
+def _parts(sessions: Sessions, store: ObjectStore, x: np.ndarray) -> list[jobs.Lease]:
+    """A job of `x` by reference, split into parts of 4 samples, each claimed."""
+    job_id = submit_ref(sessions, stored(store, x))
+    with sessions.begin() as session:
+        (lease,) = jobs.claim(session=session, job_ids=[job_id], owner="c1", lease_s=30)
+    with sessions.begin() as session:
+        ids = parts.split(session=session, lease=lease, model="m", version=1, part_samples=4)
+    with sessions.begin() as session:
+        return jobs.claim(session=session, job_ids=ids, owner="c1", lease_s=30)
+
+
+def test_each_part_fetches_only_its_rows_and_runs_on_them_without_a_copy(
+    sessions: Sessions, object_store: ObjectStore
+) -> None:
+    x = samples(10, seed=5)
+    leases = _parts(sessions, object_store, x)
+    fetched = Objects(object_store, inline_max_bytes=INLINE_MAX_BYTES).fetch(leases)
+
+    whole = tensors.references(leases[0].inputs)["x"].key
+    assert whole not in fetched.objects, "no part read the whole object"
+    assert sorted(buffer.nbytes for buffer in fetched.objects.values()) == sorted(
+        tensors.references(lease.inputs)["x"].nbytes for lease in leases
+    )
+    assert set(fetched.inputs) == {lease.job_id for lease in leases}
+    for lease, start in zip(leases, (0, 4, 8), strict=True):
+        rows = tensors.unpack(fetched.inputs[lease.job_id], fetched.objects)["x"]
+        np.testing.assert_array_equal(rows, x[start : start + 4])
+        (buffer,) = (
+            fetched.objects[ref.key]
+            for ref in tensors.references(fetched.inputs[lease.job_id]).values()
+        )
+        assert np.shares_memory(rows, np.frombuffer(buffer, dtype=np.uint8)), "a view"
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+def test_a_part_whose_object_is_gone_is_named_missing(
+    sessions: Sessions, object_store: ObjectStore
+) -> None:
+    leases = _parts(sessions, object_store, samples(10, seed=6))
+    key = tensors.references(leases[0].inputs)["x"].key
+    object_store.delete([key])
+    fetched = Objects(object_store, inline_max_bytes=INLINE_MAX_BYTES).fetch(leases)
+    assert set(fetched.missing) == {lease.job_id for lease in leases}
+    assert all(key in message for message in fetched.missing.values())
+    assert fetched.inputs == {}
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+def test_a_part_in_a_store_that_does_not_answer_is_store_unavailable(
+    sessions: Sessions, object_store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leases = _parts(sessions, object_store, samples(10, seed=6))
+    with pytest.raises(StoreUnavailable):
+        Objects(dead_store(monkeypatch), inline_max_bytes=INLINE_MAX_BYTES).fetch(leases)
