@@ -24,7 +24,7 @@ from api.protocols.tfserving import routes as tfserving
 from api.routes import console, events, health, jobs, models, outputs, uploads, webhooks
 from api.schemas import json_response
 from api.state import AppState, SignatureCache
-from api.storage import StorageCollector, database_source
+from api.storage import StorageCollector, database_source, object_store_sources
 from api.waiter import CompletionWaiter
 from db import secrets as fleet_secrets
 from db.engine import WalCheckpointer, make_engine, make_sessionmaker, readonly
@@ -114,7 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # time, the autoscaling gauges and the storage ones.
         app.state.metrics = exposition(
             AutoscalingCollector(reads, poll_s=settings.model_poll_s),
-            StorageCollector([database_source(reads)]),
+            StorageCollector([database_source(reads), *object_store_sources(reads)]),
         )
         try:
             yield

@@ -1,8 +1,10 @@
 """Storage gauges on /metrics: the bytes the fleet keeps on disk, read at scrape time.
 
 Each gauge is named with its help in `GAUGES` and read by a `Source` that answers bytes or raises.
-The database's size (`database_source`, from db/size.py) is one; the object store's size is meant
-to be one more: an entry in `GAUGES` and a `Source` passed in api/app.py. As with the autoscaling
+The database's size (`database_source`, from db/size.py) is one; the object store's size
+(`object_store_sources`) is what the database accounts for in it (db/objects.py's
+`stored_size`): two aggregates, no listing of the store, so a scrape costs the same however many
+objects it holds, and a store that is down still shows what it should hold. As with the autoscaling
 gauges (api/autoscaling.py), the collector is registered once per API, a burst of scrapes within
 `cache_s` costs one read, and a source that does not answer is left out rather than reported as
 0 bytes.
@@ -20,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import size
+from db import objects, size
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,10 @@ log = logging.getLogger(__name__)
 GAUGES = {
     "tffleet_database_bytes": "The database's size on disk in bytes (SQLite: its file and WAL; "
     "PostgreSQL: pg_database_size)",
+    "tffleet_object_store_bytes": "Bytes the fleet keeps in the object store, as its database "
+    "accounts for them (uploads, and the inputs and outputs of jobs that own objects)",
+    "tffleet_object_store_objects": "Owners of objects in the object store, as its database "
+    "accounts for them: uploads, and jobs that own objects (each may hold several)",
 }
 
 
@@ -47,6 +53,22 @@ def database_source(sessions: sessionmaker[Session]) -> Source:
             return float(size.database_bytes(session=session))
 
     return Source("tffleet_database_bytes", read)
+
+
+def object_store_sources(sessions: sessionmaker[Session]) -> list[Source]:
+    """The object store's bytes and owners, from the database (`objects.stored_size`)."""
+
+    def read(index: int) -> Callable[[], float]:
+        def read_one() -> float:
+            with sessions() as session:
+                return float(objects.stored_size(session=session)[index])
+
+        return read_one
+
+    return [
+        Source("tffleet_object_store_objects", read(0)),
+        Source("tffleet_object_store_bytes", read(1)),
+    ]
 
 
 class StorageCollector(Collector):

@@ -165,17 +165,26 @@ function holders(list) {
     `${h.host} ${h.device} ${h.state}`, " ", h.busy == null ? "" : busy(h.busy)));
 }
 
-// What the fleet keeps and for how long (TFFLEET_INPUT_TTL_S, _RESULT_TTL_S, _CACHE_*).
+// What the fleet keeps and for how long (TFFLEET_INPUT_TTL_S, _RESULT_TTL_S, _CACHE_*,
+// _UPLOAD_TTL_S).
 function storageRows(s) {
   if (!s || s.database_bytes == null) return [];
   const inputs = `${s.inputs_kept} jobs`
     + (s.inputs_bytes == null ? "" : `, ${bytes(s.inputs_bytes)}`);
   return [
     ["Database", bytes(s.database_bytes), ""],
+    ["Object store", objectStore(s),
+      `uploads ${period(s.upload_ttl_s)}; a job's objects go with its inputs and outputs`],
     ["Inputs", inputs, `until a job ends, then ${period(s.input_ttl_s)}`],
     ["Jobs and outputs", "", `${period(s.result_ttl_s)} after a job ends, or its own ttl_s`],
     ["Response cache", "", `${period(s.cache_ttl_s)}, at most ${bytes(s.cache_max_bytes)}`],
   ];
+}
+
+// What the database accounts for in the object store (no listing of it): uploads and jobs.
+function objectStore(s) {
+  if (s.object_store_bytes == null) return "";
+  return `${bytes(s.object_store_bytes)} (${s.object_store_objects} uploads and jobs)`;
 }
 
 function period(seconds) {

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from api.ids import JobId
 from api.schemas import error_responses, json_response
 from api.state import AppState, get_state
-from db import clock, console, jobs, presence, registry, size, standing, tenants
+from db import clock, console, jobs, objects, presence, registry, size, standing, tenants
 from db.models import JobStatus, ModelPresence
 from db.tenants import Limits
 from db.views import iso_utc, job_out, output_uri
@@ -178,12 +178,17 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
 
 
 def _storage(session: Session, state: AppState) -> dict[str, Any]:
-    """The database's size, the jobs that keep their inputs (and their bytes where cheap to
-    know), and the retentions in force: what the fleet keeps, and for how long."""
+    """The database's size, the object store's (as the database accounts for it), the jobs that
+    keep their inputs (and their bytes where cheap to know), and the retentions in force: what
+    the fleet keeps, and for how long."""
     kept = size.inputs(session=session)
+    stored_objects, stored_bytes = objects.stored_size(session=session)
     settings = state.settings
     return {
         "database_bytes": size.database_bytes(session=session),
+        "object_store_bytes": stored_bytes,
+        "object_store_objects": stored_objects,
+        "upload_ttl_s": settings.upload_ttl_s,
         "inputs_kept": kept.kept,
         "inputs_bytes": kept.bytes,
         "input_ttl_s": settings.input_ttl_s,

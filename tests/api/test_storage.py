@@ -1,5 +1,6 @@
-"""What the fleet keeps on disk, shown: `tffleet_database_bytes` on /metrics, the console's
-storage, and a retry after the inputs' retention (410 `inputs_gone` naming the setting).
+"""What the fleet keeps on disk, shown: `tffleet_database_bytes` and the object store's size
+(as the database accounts for it) on /metrics, the console's storage, and a retry after the
+inputs' retention (410 `inputs_gone` naming the setting).
 
 On the real app and database, both backends; the sweeper's deletion is played through `db.jobs`
 (tests/worker/test_sweeper.py runs the sweeper's own step).
@@ -7,8 +8,10 @@ On the real app and database, both backends; the sweeper's deletion is played th
 
 from __future__ import annotations
 
+import io
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from prometheus_client.core import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +22,7 @@ from api.storage import Source, StorageCollector
 from db import jobs, size
 from db.models import JobErrorCode
 from tests.api.conftest import Api, OpenApi
+from tffleet import tensors
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_databases]
 
@@ -99,7 +103,7 @@ async def test_with_the_database_down_the_size_is_left_out_not_zero(open_api: Op
 def test_a_source_that_cannot_tell_is_left_out_and_the_others_stay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The object store's size is meant to be one more `Source` beside the database's."""
+    """The object store's sizes are two more `Source`s beside the database's."""
 
     def unreachable() -> float:
         raise OSError("the store is away")
@@ -135,3 +139,40 @@ async def test_the_console_shows_the_database_size_the_inputs_kept_and_the_reten
     assert (storage["inputs_bytes"] > 0) if postgres else storage["inputs_bytes"] is None
     assert (storage["input_ttl_s"], storage["result_ttl_s"]) == (600, 86400)
     assert {"cache_ttl_s", "cache_max_bytes"} <= set(storage)
+
+
+async def test_metrics_and_the_console_show_the_object_stores_size(
+    open_api: OpenApi, sessions: Sessions
+) -> None:
+    """What the database accounts for in the store: an upload and a job with an input over
+    the inline limit, their objects' bytes (read back from the store to compare)."""
+    array = np.arange(24, dtype=np.float32).reshape(6, 4)
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    async with open_api(inline_max_bytes=64) as api:
+        upload = await api.client.post(
+            "/v1/uploads", content=buffer.getvalue(), headers={"Content-Type": tensors.NPY}
+        )
+        job = await api.client.post(
+            "/v1/jobs", json={"model": "mlp", "inputs": {"x": array.tolist()}}
+        )
+        assert upload.status_code == 201 and job.status_code == 202, job.text
+        metrics = await api.client.get("/metrics")
+        console = await api.client.get("/v1/console/overview")
+        held = api.state.objects.total_bytes()
+
+    def gauges(text: str) -> dict[str, float]:
+        return {
+            f.name: f.samples[0].value
+            for f in text_string_to_metric_families(text)
+            if f.name.startswith("tffleet_object_store_")
+        }
+
+    assert held[0] == 2
+    assert gauges(metrics.text) == {
+        "tffleet_object_store_objects": 2,
+        "tffleet_object_store_bytes": held[1],
+    }
+    shown = console.json()["storage"]
+    assert (shown["object_store_objects"], shown["object_store_bytes"]) == (2, held[1])
+    assert shown["upload_ttl_s"] == 24 * 3600
