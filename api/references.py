@@ -29,7 +29,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
-from api import writeahead
+from api import npz_uploads, writeahead
 from api.body import by_reference_problem, npy_stream, read_bytes
 from api.ingest import Ingested
 from api.schemas import JobCreate
@@ -76,18 +76,18 @@ def inline_inputs(inputs: dict[str, Any] | list[Any]) -> dict[str, Any] | list[A
 async def resolve(state: AppState, caller: Caller, specs: Sequence[JobCreate], many: bool) -> Uris:
     """The uploads the specs' inputs name, checked to be the caller's tenant's and readable;
     422 naming the input otherwise. No database read for a request that names none."""
-    named: list[dict[str, str]] = []
+    named: list[dict[str, tuple[str, str | None]]] = []
     for index, spec in enumerate(specs):
         prefix = f"jobs[{index}]: " if many else ""
         inputs = spec.inputs if isinstance(spec.inputs, dict) else {}
         named.append(
             {
-                name: _upload_id(f"{prefix}inputs.{name}", value)
+                name: npz_uploads.parse_uri(f"{prefix}inputs.{name}", value)
                 for name, value in inputs.items()
                 if is_reference(value)
             }
         )
-    wanted = {upload_id for uris in named for upload_id in uris.values()}
+    wanted = {upload_id for uris in named for upload_id, _ in uris.values()}
     if not wanted:
         return [{} for _ in specs]
     found = await run_in_threadpool(_read_uploads, state, caller.tenant, wanted)
@@ -95,7 +95,7 @@ async def resolve(state: AppState, caller: Caller, specs: Sequence[JobCreate], m
     for index, uris in enumerate(named):
         prefix = f"jobs[{index}]: " if many else ""
         mine = {}
-        for name, upload_id in uris.items():
+        for name, (upload_id, member) in uris.items():
             where = f"{prefix}inputs.{name}"
             upload = found.get(upload_id)
             if upload is None:
@@ -105,27 +105,9 @@ async def resolve(state: AppState, caller: Caller, specs: Sequence[JobCreate], m
                 )
             if upload.size is None:  # presigned: read its header once
                 upload = found[upload_id] = await _describe(state, where, upload)
-            mine[name] = Named(upload_id, _reference(upload))
+            mine[name] = Named(upload_id, _reference(upload, where, name, member))
         resolved.append(mine)
     return resolved
-
-
-def _upload_id(where: str, value: dict[str, Any]) -> str:
-    uri = value.get("uri")
-    if set(value) != {"uri"} or not isinstance(uri, str):
-        raise InvalidInput(f'{where}: a reference is {{"uri": "tffleet://uploads/<id>"}} alone')
-    upload_id = keys.parse_upload_uri(uri)
-    if upload_id is None:
-        scheme = uri.partition("://")[0] if "://" in uri else ""
-        if scheme and scheme != "tffleet":
-            raise InvalidInput(
-                f"{where}: {scheme}:// URIs are not fetched; upload the tensor "
-                "(POST /v1/uploads) and give its tffleet://uploads/<id>"
-            )
-        raise InvalidInput(
-            f"{where}: {uri[:100]!r} is no upload URI (tffleet://uploads/ and 32 hex digits)"
-        )
-    return upload_id
 
 
 def _read_uploads(state: AppState, tenant: str, ids: set[str]) -> dict[str, Upload]:
@@ -176,7 +158,10 @@ def _record(state: AppState, upload_id: str, size: int, dtype: str, shape: list[
         )
 
 
-def _reference(upload: Upload) -> tensors.Reference:
+def _reference(upload: Upload, where: str, name: str, member: str | None) -> tensors.Reference:
+    """What input `name` references: the upload's array, or an .npz's member."""
+    if member is not None or upload.members is not None:
+        return npz_uploads.reference(upload, where, name, member)
     assert upload.size is not None and upload.dtype is not None and upload.shape is not None
     nbytes = int(np.prod(upload.shape, dtype=np.int64)) * tensors.DTYPES[upload.dtype].itemsize
     return tensors.Reference(

@@ -201,6 +201,11 @@ class UploadOut(BaseModel):
     dtype: str | None = Field(description="Null until a presigned upload is first referenced.")
     shape: list[int] | None
     size: int | None = Field(description="The .npy's bytes, header included.")
+    members: dict[str, TensorSpecOut] | None = Field(
+        default=None,
+        description="An .npz's arrays by name (dtype and shape above are null): a job names "
+        "one as `tffleet://uploads/<id>/<name>`, or by the upload's URI for an input of its name.",
+    )
 
 
 class JobBatchOut(BaseModel):

@@ -247,10 +247,10 @@ class Upload(Base):
     size: Mapped[int | None] = mapped_column(BigInteger)  # null: a presigned PUT, unchecked
     dtype: Mapped[str | None] = mapped_column(String(16))
     shape: Mapped[list[int] | None] = mapped_column(JSON)
+    # An .npz's arrays (dtype, shape null): name -> {dtype, shape, offset, nbytes} of its data.
+    members: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
-
-    __table_args__ = (Index("ix_uploads_expires_at", "expires_at"),)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)  # ix_uploads_expires_at
 
 
 class JobUpload(Base):

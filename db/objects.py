@@ -52,19 +52,22 @@ def create_upload(
     size: int | None,
     dtype: str | None = None,
     shape: Sequence[int] | None = None,
+    members: dict[str, dict[str, object]] | None = None,
     written_ahead: bool = False,
 ) -> Upload:
     """Record an upload whose object is (or, presigned, will be) at `keys.upload_key`. `size`
     null: a presigned PUT not yet checked (`describe_upload` does, at its first reference).
+    `members`: an .npz's arrays (api/npz_uploads.py), its key's extension .npz.
     `written_ahead`: the API wrote its object first, named as garbage (`write_ahead`), which
     this claims: 503 where that row is (nearly) due."""
     upload = Upload(
         id=upload_id,
         tenant=tenant,
-        key=keys.upload_key(tenant, upload_id),
+        key=keys.upload_key(tenant, upload_id, "npy" if members is None else "npz"),
         size=size,
         dtype=dtype,
         shape=None if shape is None else list(shape),
+        members=members,
         created_at=clock.now(session),
         expires_at=expires_at,
     )

@@ -124,12 +124,10 @@ async def test_a_body_cut_short_without_a_length_leaves_nothing(
 
 
 @pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
-async def test_npz_and_other_types_are_415(store_api: Api) -> None:
-    response = await post(store_api, b"PK\x03\x04", media=tensors.NPZ)
-    assert response.status_code == 415
-    assert tensors.NPY in response.json()["error"]["message"]
+async def test_other_types_are_415(store_api: Api) -> None:
     response = await post(store_api, b"{}", media="application/json")
     assert response.status_code == 415
+    assert tensors.NPY in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("object_store_url", ["file"], indirect=True)

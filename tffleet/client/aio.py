@@ -10,7 +10,7 @@ the same requests and read the answers the same way.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
@@ -117,8 +117,11 @@ class AsyncClient:
             )
         )
 
-    async def upload(self, array: np.ndarray, *, progress: bool | None = None) -> str:
-        """`Client.upload`: one array to the API's object store; returns its URI."""
+    async def upload(
+        self, array: np.ndarray | Mapping[str, np.ndarray], *, progress: bool | None = None
+    ) -> str:
+        """`Client.upload`: one array (or a dict of them, as an .npz) to the API's object
+        store; returns its URI."""
         return await self._drive(objects.upload(array, retries=self._retries, progress=progress))
 
     async def get(self, job_id: str, *, encoding: str = "b64") -> Job:

@@ -19,7 +19,7 @@ reads the answers is in `tffleet.client.plans` (`tffleet.client.bulk` for `submi
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, TypeVar
@@ -156,9 +156,13 @@ class Client:
             )
         )
 
-    def upload(self, array: np.ndarray, *, progress: bool | None = None) -> str:
+    def upload(
+        self, array: np.ndarray | Mapping[str, np.ndarray], *, progress: bool | None = None
+    ) -> str:
         """Upload one array to the API's object store (`POST /v1/uploads`, its .npy streamed
         from the array's buffer); returns its URI, to pass as an input: `{"x": {"uri": uri}}`.
+        A dict of arrays goes as one .npz (copied once into it): `{"uri": uri}` is then its
+        array of the input's name, `{"uri": f"{uri}/{name}"}` any of them.
         An upload is kept for a while (the API's TFFLEET_UPLOAD_TTL_S), for any number of jobs.
         `progress`: a bar; None: for 64 MiB or more when stderr is a terminal."""
         return self._drive(objects.upload(array, retries=self._retries, progress=progress))

@@ -3,7 +3,7 @@
 Every key starts with the tenant's name, so a tenant's objects are one prefix (what it stores,
 what to delete when it goes) and no key of one tenant can name another's object:
 
-    <tenant>/uploads/<upload id>.npy            POST /v1/uploads
+    <tenant>/uploads/<upload id>.npy            POST /v1/uploads (.npz: an .npz's arrays)
     <tenant>/jobs/<job id>/inputs/<name>.npy    a large input of a submitted job
     <tenant>/jobs/<job id>/outputs/<name>.npy   a large output, written by the worker
 
@@ -40,8 +40,9 @@ def parse_upload_uri(uri: str) -> str | None:
     return upload_id if _UPLOAD_ID.fullmatch(upload_id) else None
 
 
-def upload_key(tenant: str, upload_id: str) -> str:
-    return f"{_checked(tenant)}/uploads/{_checked(upload_id)}.npy"
+def upload_key(tenant: str, upload_id: str, extension: str = "npy") -> str:
+    """Where an upload's object is: an .npy, or an .npz of named arrays (`extension`)."""
+    return f"{_checked(tenant)}/uploads/{_checked(upload_id)}.{_checked(extension)}"
 
 
 def job_prefix(tenant: str, job_id: str) -> str:
