@@ -258,3 +258,15 @@ class PrivateSeaweed:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+    def stop(self, *, timeout_s: float = 10.0) -> None:
+        """SIGTERM (SIGKILL past `timeout_s`): the store goes away, its data and ports kept for
+        `start` to bring it back as it was."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
