@@ -27,6 +27,13 @@ class Settings(BaseSettings):
     # (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`) or an
     # instance role, never from this URL.
     object_store: str = "file:.tffleet/objects"
+    # Where transforms may read and write files besides the fleet's own store (which they name
+    # `tffleet://datasets/<path>`, under the caller's tenant): comma-separated prefixes,
+    # `file:///srv/datasets/` (a directory of this host's, and of every worker's) or
+    # `s3://bucket/prefix/` (read with the store's AWS_* credentials). Empty: none. Nothing else is
+    # read or written (no http(s)://), nor any path with a `..` part, nor the fleet's own store
+    # by a file:// or s3:// URI.
+    transform_locations: str = ""
     # Inputs and outputs larger than this (bytes, as `.npy`) live in the object store, their job
     # holding a reference to them; smaller ones are kept inline in the database.
     inline_max_bytes: int = Field(default=256 * 1024, ge=0)
@@ -153,6 +160,14 @@ class Settings(BaseSettings):
         from tffleet.objectstore.store import parse_store_url
 
         parse_store_url(value)  # checks the URL only: the store is opened by those who use it
+        return value
+
+    @field_validator("transform_locations")
+    @classmethod
+    def _transform_locations_parse(cls, value: str) -> str:
+        from tffleet.datasets.locations import parse_allowed
+
+        parse_allowed(value)  # raises ValueError naming the prefix that is none
         return value
 
     @model_validator(mode="after")
