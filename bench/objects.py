@@ -49,6 +49,7 @@ from tffleet.cli.process_group import ProcessGroup, free_port, wait_for_port
 
 SAMPLES, IMAGE = 256, (64, 64, 3)
 JOBS = 16
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def _accepted(response: Response, status: int = 202) -> dict[str, Any]:
@@ -76,6 +77,7 @@ class Way:
     system_s: float = 0.0
     jobs: int = 0
     ids: list[str] = field(default_factory=list)
+    threads: dict[str, float] = field(default_factory=dict)  # CPU s by THREADS' kind
 
     @property
     def cpu_ms(self) -> float:
@@ -83,10 +85,31 @@ class Way:
 
     def row(self, baseline: Way) -> str:
         user, system = self.user_s / self.jobs * 1000, self.system_s / self.jobs * 1000
+        split = ", ".join(f"{k} {self.threads.get(k, 0) / self.jobs * 1000:4.1f}" for k in THREADS)
         return (
-            f"  {self.name:<36} {self.size / 1e6:5.1f} MB  {self.cpu_ms:6.1f} ms "
-            f"(user {user:5.1f}, kernel {system:5.1f})  {self.cpu_ms / baseline.cpu_ms:5.2f}x"
+            f"  {self.name:<36} {self.size / 1e6:5.1f} MB  {self.cpu_ms:5.1f} ms "
+            f"(user {user:4.1f}, kernel {system:4.1f}; {split})  "
+            f"{self.cpu_ms / baseline.cpu_ms:4.2f}x"
         )
+
+
+# Where an API's CPU goes, by thread: its event loop (the main thread: HTTP, the routes), the
+# thread pool (`asyncio.to_thread`: SQL, JSON parsing), obstore's tokio threads (store I/O).
+THREADS = ("loop", "pool", "store")
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of each live thread of `pid`, summed by kind (THREADS)."""
+    found = dict.fromkeys(THREADS, 0.0)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        kind = "loop" if int(task.name) == pid else "store" if name.startswith("tokio") else "pool"
+        found[kind] += (int(fields[11]) + int(fields[12])) * _TICK_S
+    return found
 
 
 def ways(conn: Connection, images: np.ndarray) -> list[Way]:
@@ -143,10 +166,13 @@ async def api_cpu(
             # A connection per batch: the server closes one idle for 5 s (uvicorn's keep-alive).
             conn = await Connection.open("127.0.0.1", port, api_key=api_key)
             user0, system0 = api_cpu_s(pid)
+            threads0 = thread_cpu_s(pid)
             for _ in range(per_round):
                 way.ids.append(await way.send(conn))
             await asyncio.sleep(SETTLE_S)  # the WAL checkpoint the batch caused lands in it
             user1, system1 = api_cpu_s(pid)
+            for kind, seconds in thread_cpu_s(pid).items():
+                way.threads[kind] = way.threads.get(kind, 0.0) + seconds - threads0[kind]
             await conn.close()
             way.user_s += user1 - user0 - idle[0]
             way.system_s += system1 - system0 - idle[1]
@@ -155,8 +181,11 @@ async def api_cpu(
     return sent
 
 
-def run_api_cpu(tmp: Path, redis_url: str, *, rounds: int, per_round: int) -> list[Way]:
-    """A `tffleet api` alone on a SQLite file and a file:// store under `tmp`."""
+def run_api_cpu(
+    tmp: Path, redis_url: str, *, rounds: int, per_round: int, profile: str | None = None
+) -> list[Way]:
+    """A `tffleet api` alone on a SQLite file and a file:// store under `tmp`; with `profile`,
+    under cProfile (its event loop's thread only), the stats written there as it stops."""
     group = ProcessGroup()
     database_url, store, port = f"sqlite:///{tmp}/api.db", tmp / "api-objects", free_port()
     store.mkdir()
@@ -171,8 +200,10 @@ def run_api_cpu(tmp: Path, redis_url: str, *, rounds: int, per_round: int) -> li
         "TFFLEET_API_PORT": str(port),
     }
     try:
-        proc = group.start("api", [sys.executable, "-m", "tffleet.cli", "api",
-                                   "--log-level", "warning"], env=env)  # fmt: skip
+        python = [sys.executable, *(["-m", "bench.profiled", profile] if profile else ["-m"])]
+        proc = group.start(
+            "api", [*python, "tffleet.cli", "api", "--log-level", "warning"], env=env
+        )
         wait_for_port(port, timeout_s=60)
         return asyncio.run(api_cpu(port, api_key, proc.pid, database_url, store, rounds, per_round))
     finally:
@@ -180,8 +211,6 @@ def run_api_cpu(tmp: Path, redis_url: str, *, rounds: int, per_round: int) -> li
 
 
 # (2) 16 CNN jobs through a fleet, (3) what they leave in the database
-
-_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu_s(root: int) -> float:
@@ -282,7 +311,11 @@ def live_bytes(database_url: str) -> int:
         return int(pages * conn.scalar(text("PRAGMA page_size")))
 
 
-def run_fleet(work: Path, repository: Path, redis_url: str, *, rounds: int) -> dict[str, Any]:
+def run_fleet(
+    work: Path, repository: Path, redis_url: str, *, rounds: int, batch: int
+) -> dict[str, Any]:
+    """Round by round: JOBS uploaded jobs, then JOBS jobs of `tffleet.Client`, each between
+    two runs of the in-process call at `batch` (their ratios are to the mean of those two)."""
     from bench.pipeline import Fleet
 
     fleet = Fleet(work, repository, redis_url, "cpu:1")
@@ -299,11 +332,22 @@ def run_fleet(work: Path, repository: Path, redis_url: str, *, rounds: int) -> d
         count = "SELECT count(*) FROM jobs"
         before, jobs_before = live_bytes(fleet.database_url), fleet.query(count)[0][0]
         loads: dict[str, list[Load]] = {"uploaded": [], "client": []}
-        for _ in range(rounds):  # in turns: this machine's speed drifts from minute to minute
+
+        def in_process() -> float:
+            rate = in_process_rate(repository, (batch,))[batch]
+            print(f"    in-process, batch {batch}: {rate:.0f}/s", file=sys.stderr)
+            return rate
+
+        # In turns, each fleet run between two in-process ones: this machine's speed drifts
+        # from minute to minute (and other work shares its cores).
+        beside = [in_process()]
+        for _ in range(rounds):
             loads["uploaded"].append(asyncio.run(uploaded_round(fleet.port, images, meter, JOBS)))
             print(f"    uploads by reference: {loads['uploaded'][-1]}", file=sys.stderr)
+            beside.append(in_process())
             loads["client"].append(client_round(url, images, meter, JOBS))
             print(f"    tffleet.Client:       {loads['client'][-1]}", file=sys.stderr)
+            beside.append(in_process())
         after, jobs_after = live_bytes(fleet.database_url), fleet.query(count)[0][0]
         ((inputs,),) = fleet.query("SELECT avg(length(data)) FROM job_inputs")
         ((outputs,),) = fleet.query(
@@ -312,6 +356,7 @@ def run_fleet(work: Path, repository: Path, redis_url: str, *, rounds: int) -> d
         jobs = jobs_after - jobs_before
         return {
             "loads": loads,
+            "in_process": beside,
             "db_per_job": (after - before) / jobs,
             "db_jobs": jobs,
             "inputs_blob": float(inputs or 0),
@@ -321,19 +366,19 @@ def run_fleet(work: Path, repository: Path, redis_url: str, *, rounds: int) -> d
         fleet.stop()
 
 
-def in_process_best(repository: Path) -> float:
-    """The in-process SavedModel call at its best batch, samples/s (as `bench.run` (1))."""
+def in_process_rate(repository: Path, batches: tuple[int, ...]) -> dict[int, float]:
+    """The in-process SavedModel call, samples/s at each batch size (as `bench.run` (1))."""
     from bench.run import CNN_SHAPE, in_process
 
-    return max(
-        r.rate for r in in_process(repository / "cnn" / "1", CNN_SHAPE, (32, 64, 128)).values()
-    )
+    results = in_process(repository / "cnn" / "1", CNN_SHAPE, batches)
+    return {batch: result.rate for batch, result in results.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and jobs")
     parser.add_argument("--api-only", action="store_true", help="(1) alone: no TensorFlow")
+    parser.add_argument("--profile", metavar="FILE", help="(1)'s API under cProfile, stats here")
     args = parser.parse_args(argv)
     rounds, per_round = (1, 2) if args.quick else (4, 4)
     from bench.run import start_redis
@@ -343,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         redis_url = f"redis://127.0.0.1:{start_redis(group, tmp)}/0"
         try:
             print("... (1) the API's CPU per 12.6 MB job", file=sys.stderr, flush=True)
-            sent = run_api_cpu(work, redis_url, rounds=rounds, per_round=per_round)
+            sent = run_api_cpu(
+                work, redis_url, rounds=rounds, per_round=per_round, profile=args.profile
+            )
             fleet = None if args.api_only else fleet_figures(work, redis_url, args.quick)
         finally:
             group.stop()
@@ -367,11 +414,12 @@ def fleet_figures(work: Path, redis_url: str, quick: bool) -> dict[str, Any]:
     for name in ("mlp", "mlp_unbatched", "tiny"):  # the worker loads only the CNN
         shutil.rmtree(repository / name)
     print("... (2) in-process CNN", file=sys.stderr, flush=True)
-    best = [in_process_best(repository)]
+    rates = in_process_rate(repository, (32, 64, 128))
+    batch = max(rates, key=rates.__getitem__)
+    print(f"    {rates}", file=sys.stderr, flush=True)
     print(f"... (2) {JOBS} CNN jobs through a fleet, in turns", file=sys.stderr, flush=True)
-    figures = run_fleet(work, repository, redis_url, rounds=1 if quick else 3)
-    best.append(in_process_best(repository))
-    return {**figures, "in_process": best}
+    figures = run_fleet(work, repository, redis_url, rounds=1 if quick else 3, batch=batch)
+    return {**figures, "batches": rates, "batch": batch}
 
 
 def report(sent: list[Way], fleet: dict[str, Any] | None, jobs: int) -> None:
@@ -383,29 +431,52 @@ def report(sent: list[Way], fleet: dict[str, Any] | None, jobs: int) -> None:
             ("(1) upload + by reference vs JSON + base64", sent[2].cpu_ms / sent[0].cpu_ms,
              "<= 0.25")]  # fmt: skip
     if fleet is not None:
-        best = max(fleet["in_process"])
-        before, after = fleet["in_process"]
-        print(f"(2) {JOBS} CNN jobs of {SAMPLES} images on cpu:1, round by round; in-process at "
-              f"its best batch {before:.0f} samples/s before, {after:.0f} after")  # fmt: skip
-        medians = {}
-        for kind, label in (("uploaded", "uploads by reference"), ("client", "tffleet.Client")):
-            for load in fleet["loads"][kind]:
-                print(f"  {label:<22} {load}")
-            medians[kind] = statistics.median(load.samples_per_s for load in fleet["loads"][kind])
-        print(
-            f"(3) the database grew {fleet['db_per_job'] / 1024:.1f} KB per job "
-            f"({fleet['db_jobs']} jobs); a job's inputs blob {fleet['inputs_blob']:.0f} B, its "
-            f"outputs {fleet['outputs_blob']:.0f} B (256 x 10 float32, inline under "
-            "TFFLEET_INLINE_MAX_BYTES)"
-        )
-        rows += [
-            ("(2) uploads by reference vs in-process best", medians["uploaded"] / best, ">= 0.9"),
-            ("(2) tffleet.Client, plain arrays, vs in-process", medians["client"] / best, ">= 0.8"),
-            ("(3) database growth per job, KB", fleet["db_per_job"] / 1024, "< 4"),
-        ]
+        rows += fleet_rows(fleet)
     print("\nratios (target)")
     for name, value, target in rows:
         print(f"  {name:50s} {value:6.2f}  ({target})")
+
+
+def fleet_rows(fleet: dict[str, Any]) -> list[tuple[str, float, str]]:
+    """(2) and (3)'s figures printed; their ratios, each run's to the in-process runs beside it
+    (and, the most cautious figure, to the fastest of them all)."""
+    batches = ", ".join(f"{rate:.0f} at {batch}" for batch, rate in fleet["batches"].items())
+    print(f"(2) {JOBS} CNN jobs of {SAMPLES} images on cpu:1; in-process samples/s: {batches}")
+    ratios: dict[str, list[float]] = {"uploaded": [], "client": []}
+    beside = fleet["in_process"]
+    for i in range(len(fleet["loads"]["uploaded"])):
+        print(f"  round {i + 1}, in-process at batch {fleet['batch']} before and after each run:")
+        for j, (kind, label) in enumerate(
+            (("uploaded", "uploads by reference"), ("client", "tffleet.Client"))
+        ):
+            load, around = fleet["loads"][kind][i], beside[2 * i + j : 2 * i + j + 2]
+            ratios[kind].append(load.samples_per_s / statistics.mean(around))
+            print(
+                f"    {label:<20} {load}  in-process {around[0]:4.0f} / {around[1]:4.0f}: "
+                f"{ratios[kind][-1]:.2f}x"
+            )
+    best = max(beside)
+    medians = {kind: statistics.median(load.samples_per_s for load in fleet["loads"][kind])
+               for kind in ratios}  # fmt: skip
+    per_job, outputs = fleet["db_per_job"], fleet["outputs_blob"]
+    print(
+        f"(3) the database grew {per_job / 1024:.1f} KB per job ({fleet['db_jobs']} jobs): a "
+        f"job's inputs blob {fleet['inputs_blob']:.0f} B, its outputs {outputs:.0f} B (256 x "
+        f"10 float32, inline under TFFLEET_INLINE_MAX_BYTES), the rest "
+        f"{(per_job - fleet['inputs_blob'] - outputs) / 1024:.1f} KB (rows, indexes, uploads)"
+    )
+    return [
+        ("(2) uploads by reference vs in-process beside it",
+         statistics.median(ratios["uploaded"]), ">= 0.9"),
+        ("    ... median vs the fastest in-process run",
+         medians["uploaded"] / best, ">= 0.9"),
+        ("(2) tffleet.Client, plain arrays, vs in-process",
+         statistics.median(ratios["client"]), ">= 0.8"),
+        ("    ... median vs the fastest in-process run",
+         medians["client"] / best, ">= 0.8"),
+        ("(3) database growth per job, KB", per_job / 1024, "< 4"),
+        ("(3) the same without the inline outputs, KB", (per_job - outputs) / 1024, "< 4"),
+    ]  # fmt: skip
 
 
 if __name__ == "__main__":
