@@ -45,7 +45,8 @@ class Settings(BaseSettings):
     # How long an object may take to arrive (an upload, a large input) before its row is
     # committed: what the API writes is named as garbage due this long after it starts, and a
     # row committed later than that is refused (503). 1 h takes TFFLEET_MAX_UPLOAD_BYTES at
-    # 0.6 MB/s; raise it with that limit for clients slower than that.
+    # 0.6 MB/s; raise it with that limit for clients slower than that. Keep it well above a
+    # minute: a row committed within 60 s of its objects' due time is refused too.
     upload_grace_s: float = Field(default=3600.0, gt=0)
 
     # "cpu:N" (N CPU slots), "all" (every visible GPU, or one CPU slot without a GPU),
