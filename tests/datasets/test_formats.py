@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from tests.datasets import files
-from tffleet.datasets import formats
+from tffleet.datasets import access, formats
 from tffleet.datasets.base import INDEX_EVERY, Batch, Column, DatasetError
 from tffleet.datasets.locations import Location
 
@@ -186,3 +186,41 @@ def test_a_range_outside_the_file_is_refused(put: Put) -> None:
         list(formats.read(where, "npy", 2, 9))
     with pytest.raises(ValueError, match="format 'xls'"):
         formats.inspect(where, "xls")
+
+
+@pytest.fixture
+def bytes_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the ranges read from the store, as they are read."""
+    sizes: list[int] = []
+    read_range = access.read_range
+
+    def counted(location: Location, start: int, end: int) -> bytes:
+        data = read_range(location, start, end)
+        sizes.append(len(data))
+        return data
+
+    monkeypatch.setattr(access, "read_range", counted)
+    return sizes
+
+
+def test_reads_are_lean(put: Put, bytes_read: list[int]) -> None:
+    records = 20_000
+    values = files.images(records).reshape(records, -1)
+    table = pa.table({"v": pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), 48)})
+    big = put("lean/a.parquet", files.parquet(table, row_group_size=1000))
+    size = big.store.size(big.key)
+    assert size is not None and size > 3_000_000
+    formats.inspect(big, "parquet")  # the footer only
+    assert sum(bytes_read) < size / 10
+    bytes_read.clear()
+    list(formats.read(big, "parquet", 15_000, 15_100, ["v"]))  # one row group of twenty
+    assert sum(bytes_read) < size / 5
+    bytes_read.clear()
+    formats.inspect(put("lean/a.npy", files.npy(values)), "npy")
+    assert sum(bytes_read) <= 4096
+    lines = b"".join(orjson.dumps({"v": row.tolist()}) + b"\n" for row in values)
+    where = put("lean/a.jsonl", lines)
+    info = formats.inspect(where, "jsonl")
+    bytes_read.clear()
+    list(formats.read(where, "jsonl", 15_000, 15_100, info=info))  # from its sampled offset
+    assert sum(bytes_read) < (INDEX_EVERY + 200) * len(lines) / records

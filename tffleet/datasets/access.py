@@ -21,8 +21,6 @@ from tffleet.objectstore.store import ObjectMissing, _translated
 # A sequential scan's window and a reader's buffer: large enough that an S3 read costs its
 # bytes, not its round trip.
 WINDOW_BYTES = 8 * 1024 * 1024
-# What pyarrow's file reads are buffered by (footers and column chunks are read by range).
-BUFFER_BYTES = 1024 * 1024
 # A part written to S3 goes up in parts of this size (S3's least is 5 MiB).
 PART_BYTES = 8 * 1024 * 1024
 
@@ -97,10 +95,11 @@ class RangedFile(io.RawIOBase):
 
 
 def open_file(location: Location) -> Any:
-    """A pyarrow file over the object (see `RangedFile`), buffered by BUFFER_BYTES."""
+    """A pyarrow file over the object (see `RangedFile`), unbuffered: pyarrow asks for what it
+    needs (the footer, a column chunk) in reads of their size, one ranged read each."""
     import pyarrow as pa
 
-    return pa.PythonFile(io.BufferedReader(RangedFile(location), BUFFER_BYTES), mode="r")
+    return pa.PythonFile(RangedFile(location), mode="r")
 
 
 @contextmanager
@@ -112,4 +111,20 @@ def writer(location: Location) -> Iterator[Any]:
         _translated(location.uri),
         obstore.open_writer(_raw(location), location.key, buffer_size=PART_BYTES) as file,
     ):
-        yield file
+        yield _Sink(file)
+
+
+class _Sink(io.RawIOBase):
+    """An obstore writer as a Python file (pyarrow's `PythonFile` asks for `closed`, `flush`)."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__()
+        self._file = file
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._file.write(view)
+        return len(view)

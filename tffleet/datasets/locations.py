@@ -16,6 +16,7 @@ in `/`, or naming no object but objects under it) or a list of URIs into the fil
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,16 +159,26 @@ def _under(path: str, directory: Path) -> str | None:
     return key + ("/" if folder else "")
 
 
-_stores: dict[str, ObjectStore] = {}
+_stores: dict[tuple[str, ...], ObjectStore] = {}
 _stores_lock = threading.Lock()
+# What an S3 store is opened with from the environment: a store is reused while these hold.
+_S3_ENVIRONMENT = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
 
 
 def _store(url: str) -> ObjectStore:
     """One store per directory or bucket, opened once (S3: the fleet's AWS_* credentials)."""
+    cache_key = (url, *(os.environ.get(name, "") for name in _S3_ENVIRONMENT))
     with _stores_lock:
-        found = _stores.get(url)
+        found = _stores.get(cache_key)
         if found is None:
-            found = _stores[url] = open_store(url)
+            found = _stores[cache_key] = open_store(url)
         return found
 
 

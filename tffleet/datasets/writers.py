@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from tffleet.datasets import access
 from tffleet.datasets.formats import check_format
 from tffleet.datasets.locations import Location
+from tffleet.tensors.arrays import raw_bytes
 
 # The row group of a Parquet part: a reader of part k reads it by row groups.
 ROW_GROUP_RECORDS = 64 * 1024
@@ -124,7 +125,7 @@ def _npy(location: Location, batches: Iterable[dict[str, np.ndarray]]) -> int:
     header = np.lib.format.header_data_from_array_1_0(whole)
     with access.writer(location) as file:
         _write_npy_header(file, header)
-        file.write(whole.data if whole.size else b"")
+        file.write(raw_bytes(whole) if whole.size else b"")
     return len(whole)
 
 
