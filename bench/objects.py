@@ -243,6 +243,11 @@ class Load:
     api_ms: float
     worker_ms: float
 
+    @property
+    def fleet_cpu_ms(self) -> float:
+        """The whole fleet's CPU per job: worker, API and client."""
+        return self.client_ms + self.api_ms + self.worker_ms
+
     def __str__(self) -> str:
         return (
             f"{self.samples_per_s:6.0f} samples/s; CPU per job: client {self.client_ms:5.1f} ms, "
@@ -312,7 +317,7 @@ def live_bytes(database_url: str) -> int:
 
 
 def run_fleet(
-    work: Path, repository: Path, redis_url: str, *, rounds: int, batch: int
+    work: Path, repository: Path, redis_url: str, call: InProcess, *, rounds: int, batch: int
 ) -> dict[str, Any]:
     """Round by round: JOBS uploaded jobs, then JOBS jobs of `tffleet.Client`, each between
     two runs of the in-process call at `batch` (their ratios are to the mean of those two)."""
@@ -333,10 +338,10 @@ def run_fleet(
         before, jobs_before = live_bytes(fleet.database_url), fleet.query(count)[0][0]
         loads: dict[str, list[Load]] = {"uploaded": [], "client": []}
 
-        def in_process() -> float:
-            rate = in_process_rate(repository, (batch,))[batch]
-            print(f"    in-process, batch {batch}: {rate:.0f}/s", file=sys.stderr)
-            return rate
+        def in_process() -> tuple[float, float]:
+            rate, cpu_ms = call(batch)
+            print(f"    in-process, batch {batch}: {rate:.0f}/s, {cpu_ms:.0f} ms", file=sys.stderr)
+            return rate, cpu_ms
 
         # In turns, each fleet run between two in-process ones: this machine's speed drifts
         # from minute to minute (and other work shares its cores).
@@ -366,12 +371,29 @@ def run_fleet(
         fleet.stop()
 
 
-def in_process_rate(repository: Path, batches: tuple[int, ...]) -> dict[int, float]:
-    """The in-process SavedModel call, samples/s at each batch size (as `bench.run` (1))."""
-    from bench.run import CNN_SHAPE, in_process
+class InProcess:
+    """The CNN's SavedModel called in this process, as `bench.run` (1) calls it: samples/s, and
+    CPU per job of SAMPLES (this process's, its TensorFlow threads included)."""
 
-    results = in_process(repository / "cnn" / "1", CNN_SHAPE, batches)
-    return {batch: result.rate for batch, result in results.items()}
+    def __init__(self, repository: Path) -> None:
+        import tensorflow as tf
+
+        self._tf = tf
+        self._fn = tf.saved_model.load(str(repository / "cnn" / "1")).signatures["serving_default"]
+        (self._name,) = self._fn.structured_input_signature[1]
+
+    def __call__(self, batch: int, seconds: float = 2.0) -> tuple[float, float]:
+        rng = np.random.default_rng(0)
+        x = self._tf.constant(rng.normal(size=(batch, *IMAGE)).astype(np.float32))
+        for _ in range(5):
+            self._fn(**{self._name: x})
+        runs, started, cpu = 0, time.perf_counter(), time.process_time()
+        while time.perf_counter() - started < seconds:
+            for value in self._fn(**{self._name: x}).values():
+                value.numpy()
+            runs += 1
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        return runs * batch / elapsed, cpu / (runs * batch) * SAMPLES * 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -414,11 +436,12 @@ def fleet_figures(work: Path, redis_url: str, quick: bool) -> dict[str, Any]:
     for name in ("mlp", "mlp_unbatched", "tiny"):  # the worker loads only the CNN
         shutil.rmtree(repository / name)
     print("... (2) in-process CNN", file=sys.stderr, flush=True)
-    rates = in_process_rate(repository, (32, 64, 128))
+    call = InProcess(repository)
+    rates = {batch: call(batch)[0] for batch in (32, 64, 128)}
     batch = max(rates, key=rates.__getitem__)
     print(f"    {rates}", file=sys.stderr, flush=True)
     print(f"... (2) {JOBS} CNN jobs through a fleet, in turns", file=sys.stderr, flush=True)
-    figures = run_fleet(work, repository, redis_url, rounds=1 if quick else 3, batch=batch)
+    figures = run_fleet(work, repository, redis_url, call, rounds=1 if quick else 3, batch=batch)
     return {**figures, "batches": rates, "batch": batch}
 
 
@@ -443,7 +466,7 @@ def fleet_rows(fleet: dict[str, Any]) -> list[tuple[str, float, str]]:
     batches = ", ".join(f"{rate:.0f} at {batch}" for batch, rate in fleet["batches"].items())
     print(f"(2) {JOBS} CNN jobs of {SAMPLES} images on cpu:1; in-process samples/s: {batches}")
     ratios: dict[str, list[float]] = {"uploaded": [], "client": []}
-    beside = fleet["in_process"]
+    beside = [rate for rate, _ in fleet["in_process"]]
     for i in range(len(fleet["loads"]["uploaded"])):
         print(f"  round {i + 1}, in-process at batch {fleet['batch']} before and after each run:")
         for j, (kind, label) in enumerate(
@@ -458,6 +481,18 @@ def fleet_rows(fleet: dict[str, Any]) -> list[tuple[str, float, str]]:
     best = max(beside)
     medians = {kind: statistics.median(load.samples_per_s for load in fleet["loads"][kind])
                for kind in ratios}  # fmt: skip
+    # CPU per job, which drifts far less than speed here: the in-process call's against the
+    # fleet's (worker, API and client together). On cores of their own, with nothing else
+    # running, the fleet's samples/s against the in-process call's would be about this.
+    alone = statistics.median(cpu_ms for _, cpu_ms in fleet["in_process"])
+    cpu = {
+        kind: statistics.median(load.fleet_cpu_ms for load in fleet["loads"][kind])
+        for kind in ratios
+    }
+    print(
+        f"  CPU per job: in-process {alone:.0f} ms; the fleet's (worker + API + client): "
+        f"uploads by reference {cpu['uploaded']:.0f} ms, tffleet.Client {cpu['client']:.0f} ms"
+    )
     per_job, outputs = fleet["db_per_job"], fleet["outputs_blob"]
     print(
         f"(3) the database grew {per_job / 1024:.1f} KB per job ({fleet['db_jobs']} jobs): a "
@@ -470,10 +505,12 @@ def fleet_rows(fleet: dict[str, Any]) -> list[tuple[str, float, str]]:
          statistics.median(ratios["uploaded"]), ">= 0.9"),
         ("    ... median vs the fastest in-process run",
          medians["uploaded"] / best, ">= 0.9"),
+        ("    ... CPU per job, in-process / the fleet's", alone / cpu["uploaded"], ">= 0.9"),
         ("(2) tffleet.Client, plain arrays, vs in-process",
          statistics.median(ratios["client"]), ">= 0.8"),
         ("    ... median vs the fastest in-process run",
          medians["client"] / best, ">= 0.8"),
+        ("    ... CPU per job, in-process / the fleet's", alone / cpu["client"], ">= 0.8"),
         ("(3) database growth per job, KB", per_job / 1024, "< 4"),
         ("(3) the same without the inline outputs, KB", (per_job - outputs) / 1024, "< 4"),
     ]  # fmt: skip

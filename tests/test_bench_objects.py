@@ -31,7 +31,13 @@ def test_fleet_figures_are_reported_round_by_round(capsys: pytest.CaptureFixture
     fleet = {
         "loads": {"uploaded": [load, load], "client": [load, load]},
         # Before, between and after the runs: 1,100 beside the first, 1,200 the second...
-        "in_process": [1000.0, 1200.0, 1200.0, 1000.0, 800.0],
+        "in_process": [
+            (1000.0, 257.0),
+            (1200.0, 257.0),
+            (1200.0, 257.0),
+            (1000.0, 257.0),
+            (800.0, 257.0),
+        ],
         "batches": {32: 1000.0, 64: 900.0},
         "batch": 32,
         "db_per_job": 13_000.0,
@@ -46,6 +52,7 @@ def test_fleet_figures_are_reported_round_by_round(capsys: pytest.CaptureFixture
     ratios = {name: value for name, value, _ in rows}
     assert ratios["(2) uploads by reference vs in-process beside it"] == pytest.approx(900 / 1100)
     assert ratios["(2) tffleet.Client, plain arrays, vs in-process"] == pytest.approx(0.875)
+    assert ratios["    ... CPU per job, in-process / the fleet's"] == pytest.approx(257 / 257)
     assert ratios["(3) database growth per job, KB"] == pytest.approx(13_000 / 1024)
 
 
