@@ -49,8 +49,12 @@ def test_refused_uris_name_themselves(settings: Settings, uri: str, says: str) -
 def test_allowed_directory_not_beyond_it(settings: Settings, allowed_dir: Path) -> None:
     (allowed_dir / "d").mkdir()
     (allowed_dir / "d" / "a.csv").write_bytes(b"x\n1\n")
+    (allowed_dir / "d" / "b.csv").write_bytes(b"x\n2\n")
     found = resolve(f"{allowed_dir.as_uri()}/d/a.csv", TENANT, settings)
     assert found.key == "d/a.csv" and access.read_range(found, 0, 3) == b"x\n1"
+    files = expand(f"{allowed_dir.as_uri()}/d/", TENANT, settings)
+    assert [f.uri for f in files] == [f"{allowed_dir.as_uri()}/d/{n}.csv" for n in "ab"]
+    assert access.read_range(files[1], 0, 3) == b"x\n2"
     for uri in (f"{allowed_dir.as_uri()}/../x.csv", f"{allowed_dir.as_uri()}/d/../../x.csv"):
         with pytest.raises(LocationRefused, match=r"no empty, \. or \.\. part"):
             resolve(uri, TENANT, settings)

@@ -55,14 +55,18 @@ def column_of(type_: pa.DataType) -> Column | None:
     return None
 
 
-def inspect(location: Location) -> FileInfo:
-    file = _open(location)
+def _schema(file: pq.ParquetFile) -> dict[str, Column]:
     schema = {}
     for field in file.schema_arrow:
         column = column_of(field.type)
         if column is not None:
             schema[field.name] = column
-    return FileInfo(records=file.metadata.num_rows, schema=schema)
+    return schema
+
+
+def inspect(location: Location) -> FileInfo:
+    file = _open(location)
+    return FileInfo(records=file.metadata.num_rows, schema=_schema(file))
 
 
 def read(
@@ -78,7 +82,8 @@ def read(
     groups that hold them are read."""
     file = _open(location)
     check_range(start, stop, file.metadata.num_rows)
-    names = list(columns if columns is not None else file.schema_arrow.names)
+    # All columns: those a model input may take (a struct column is none).
+    names = list(columns) if columns is not None else list(_schema(file))
     wanted = names + ([key] if key is not None and key not in names else [])
     missing = sorted(set(wanted) - set(file.schema_arrow.names))
     if missing:
