@@ -21,7 +21,17 @@ from api.ingest import Ingestor, JobReader
 from api.metrics import REQUESTS_REJECTED, exposition
 from api.protocols.oip import routes as oip
 from api.protocols.tfserving import routes as tfserving
-from api.routes import console, events, health, jobs, models, outputs, uploads, webhooks
+from api.routes import (
+    console,
+    datasets,
+    events,
+    health,
+    jobs,
+    models,
+    outputs,
+    uploads,
+    webhooks,
+)
 from api.schemas import json_response
 from api.state import AppState, SignatureCache
 from api.storage import StorageCollector, database_source, object_store_sources
@@ -140,6 +150,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(outputs.router)
     app.include_router(uploads.router)
+    app.include_router(datasets.router)
     app.include_router(events.router)
     app.include_router(models.router)
     app.include_router(tfserving.router)
