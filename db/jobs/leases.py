@@ -86,6 +86,19 @@ def heartbeat(*, session: Session, leases: Sequence[Lease], lease_s: float) -> i
     )
 
 
+def progress(*, session: Session, lease: Lease, samples_done: int, lease_s: float) -> bool:
+    """Record how far a held job has come (`samples_done`: a transform's shard, record by
+    record) and extend its lease; False when the lease no longer holds (the job was canceled,
+    or taken back): its worker stops there, as it would learn nothing more by going on."""
+    expires = clock.now(session) + timedelta(seconds=lease_s)
+    statement = _fenced_statement(
+        samples_done=bindparam("b_done"), lease_expires_at=bindparam("b_expires")
+    )
+    return bool(
+        _fenced_update(session, statement, [_fence(lease, b_done=samples_done, b_expires=expires)])
+    )
+
+
 # ─── End ──────────────────────────────────────────────────────────────────────────────────────────
 
 
