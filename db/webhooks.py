@@ -52,12 +52,14 @@ from db.models import (
     Job,
     JobStatus,
     Tenant,
+    Transform,
     WebhookDelivery,
 )
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
 _deliveries: Table = WebhookDelivery.__table__  # type: ignore[assignment]
 _tenants: Table = Tenant.__table__  # type: ignore[assignment]
+_transforms: Table = Transform.__table__  # type: ignore[assignment]
 
 
 class Event(enum.IntFlag):
@@ -146,6 +148,41 @@ def record_statement(dialect: str, event: Event) -> Any:
     return (
         insert(_deliveries)
         .from_select(list(columns), query)
+        .on_conflict_do_nothing(index_elements=["job_id", "event", "at"])
+    )
+
+
+# A transform's end (db/transforms.py), asked for as a job's `completed`: its row's `job_id` is
+# the transform's id, and its body the transform as GET /v1/transforms/{id} shows it.
+TRANSFORM_EVENT = "transform"
+
+
+def record_transform(*, session: Session, transform_id: str, at: datetime) -> None:
+    """Queue the end of a transform that asked for `completed` and ended at `at`."""
+    t = _transforms.c
+    query = select(
+        literal("msg_" + secrets.token_hex(16)),
+        t.id,
+        t.tenant,
+        literal(TRANSFORM_EVENT),
+        t.webhook,
+        literal(DeliveryStatus.PENDING.value),
+        literal(0),
+        literal(at, WebhookDelivery.at.type),
+        literal(at, WebhookDelivery.at.type),
+        literal(at, WebhookDelivery.at.type),
+        t.status,
+        literal(0),
+        t.started_at,
+        t.finished_at,
+    ).where(t.id == transform_id, t.webhook.is_not(None), t.finished_at == at)
+    names = ["id", "job_id", "tenant", "event", "url", "status", "attempts", "next_attempt_at"]
+    names += ["created_at", "at", "job_status", "job_attempts", "job_started_at"]
+    names += ["job_finished_at"]
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    session.execute(
+        insert(_deliveries)
+        .from_select(names, query)
         .on_conflict_do_nothing(index_elements=["job_id", "event", "at"])
     )
 
@@ -300,13 +337,15 @@ def give_up(
 
 
 def snapshot(*, session: Session, delivery_id: str) -> tuple[Any, Any] | None:
-    """The delivery's row and its job's row (outputs included), or None where the job is gone."""
+    """The delivery's row and its job's row (outputs included), or its transform's for a
+    transform's event; None where that is gone."""
     delivery = session.execute(
         select(_deliveries).where(_deliveries.c.id == delivery_id)
     ).one_or_none()
     if delivery is None:
         return None
-    job = session.execute(select(_jobs).where(_jobs.c.id == delivery.job_id)).one_or_none()
+    table = _transforms if delivery.event == TRANSFORM_EVENT else _jobs
+    job = session.execute(select(table).where(table.c.id == delivery.job_id)).one_or_none()
     if job is None:
         return None
     return delivery, job

@@ -163,6 +163,7 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path) 
 def _truncate(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM jobs"))
+        conn.execute(text("DELETE FROM transforms"))
         conn.execute(text("DELETE FROM uploads"))
         conn.execute(text("DELETE FROM object_garbage"))
         conn.execute(text("DELETE FROM webhook_deliveries"))

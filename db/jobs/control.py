@@ -16,7 +16,7 @@ from sqlalchemy import case, delete, literal, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.types import Text
 
-from db import cache, clock, objects, webhooks
+from db import cache, clock, objects, transforms, webhooks
 from db.jobs._common import _QUEUED, _UNFINISHED, _deadline, _inputs, _jobs, _record_rows_ended
 from db.jobs.history import _appended, _history_line
 from db.jobs.reads import get
@@ -53,6 +53,7 @@ def cancel(*, session: Session, job_id: str, tenant: str | None = None) -> Job:
     if result.rowcount:  # type: ignore[attr-defined]
         # A split job's parts go with it (db/parts.py); a late result of one finds no row.
         session.execute(delete(_jobs).where(_jobs.c.parent_id == job_id))
+        transforms.shard_failed(session, [job_id])  # a transform's shard: it will not finish
         if webhooks.wants(job.webhook_events, webhooks.Event.COMPLETED):
             webhooks.record(
                 session=session, event=webhooks.Event.COMPLETED, job_ids=[job_id], at=now
@@ -112,6 +113,7 @@ def cancel_overdue(
     if canceled:
         session.execute(delete(_jobs).where(_jobs.c.parent_id.in_([row.id for row in canceled])))
         _record_rows_ended(session, canceled, now)
+        transforms.shard_failed(session, [row.id for row in canceled])
     return sorted(row.id for row in canceled)
 
 
@@ -178,6 +180,7 @@ def retry(
     if not result.rowcount:  # type: ignore[attr-defined]
         job = get(session=session, job_id=job_id, tenant=tenant)  # retried by another request
         raise JobNotRetryable(_not_retryable(job_id, job.status))
+    transforms.shard_retried(session, [job_id])  # a transform's shard: no longer failed
     # A split job runs whole again: the parts of its last run go (their inputs with them, and
     # the objects they own in the store after them).
     parts = list(session.scalars(select(_jobs.c.id).where(_jobs.c.parent_id == job_id)))

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, Update, and_, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from db import cache, clock, webhooks
+from db import cache, clock, transforms, webhooks
 from db.jobs._common import JobGroups, _jobs, _record_rows_ended
 from db.jobs.history import _logged
 from db.models import JobErrorCode, JobStatus
@@ -186,6 +186,8 @@ def fail(*, session: Session, leases: Sequence[Lease], code: JobErrorCode, messa
         [_fence(lease) for lease in leases],
     )
     _record_ended(session, leases, now)
+    if failed:  # a transform's shards among them count as failed for good (db/transforms.py)
+        transforms.shard_failed(session, [lease.job_id for lease in leases])
     return failed
 
 
@@ -337,6 +339,7 @@ def _take_back(
             .returning(_jobs.c.id, _jobs.c.webhook_events)
         ).all()
         _record_rows_ended(session, lost_rows, now)
+        transforms.shard_failed(session, [row.id for row in lost_rows])
         failed += [row.id for row in lost_rows]
     again = [row.id for row in rows if row.used < max_attempts]
     requeued: JobGroups = {}

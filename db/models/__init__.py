@@ -2,8 +2,9 @@
 
 `base` (the declarative base, UTC times), `tenants` (tenants, API keys, the fleet's secrets),
 `jobs` (jobs, their statuses, error codes and inputs), `objects` (uploads, garbage, the response
-cache), `registry` (model versions, presence), `webhooks` (the outbox). Importing this package
-imports them all, so `Base.metadata` holds every table (Alembic's env.py relies on it).
+cache), `registry` (model versions, presence), `webhooks` (the outbox), `transforms` (a model run
+over files; its shards are jobs). Importing this package imports them all, so `Base.metadata`
+holds every table (Alembic's env.py relies on it).
 """
 
 from db.models.base import Base, UTCDateTime
@@ -11,11 +12,13 @@ from db.models.jobs import FINISHED, Job, JobErrorCode, JobInput, JobStatus
 from db.models.objects import CacheEntry, JobUpload, ObjectGarbage, Upload
 from db.models.registry import ModelPresence, ModelVersion, PresenceState
 from db.models.tenants import DEFAULT_TENANT, ApiKey, FleetSecret, Tenant
+from db.models.transforms import TRANSFORM_FINISHED, Transform, TransformStatus
 from db.models.webhooks import DeliveryStatus, WebhookDelivery
 
 __all__ = [
     "DEFAULT_TENANT",
     "FINISHED",
+    "TRANSFORM_FINISHED",
     "ApiKey",
     "Base",
     "CacheEntry",
@@ -31,6 +34,8 @@ __all__ = [
     "ObjectGarbage",
     "PresenceState",
     "Tenant",
+    "Transform",
+    "TransformStatus",
     "UTCDateTime",
     "Upload",
     "WebhookDelivery",

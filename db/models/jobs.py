@@ -116,6 +116,12 @@ class Job(Base):
     history: Mapped[str | None] = mapped_column(Text, deferred=True)
     # Bytes it owns in the object store, under `<tenant>/jobs/<id>/`; null: none (db/objects.py).
     stored_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # A shard of a transform (db/transforms.py): its transform, and its number there. Its inputs
+    # blob is then a shard spec (which records of which file), not packed tensors.
+    transform_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("transforms.id", name="fk_jobs_transform_id", ondelete="CASCADE")
+    )
+    shard: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
@@ -130,6 +136,7 @@ class Job(Base):
         Index("ix_jobs_parent_id", "parent_id"),
         # The sweeper's deadlines: unfinished jobs past theirs.
         Index("ix_jobs_deadline", "status", "deadline_at"),
+        Index("ix_jobs_transform_id", "transform_id"),
     )
 
 
