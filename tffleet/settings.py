@@ -34,6 +34,12 @@ class Settings(BaseSettings):
     # read or written (no http(s)://), nor any path with a `..` part, nor the fleet's own store
     # by a file:// or s3:// URI.
     transform_locations: str = ""
+    # Records per shard of a transform that does not say (`shard_records`): a shard is one job,
+    # run by one child from its first record to its last, and written as one part file.
+    transform_shard_records: int = Field(default=10_000, ge=1, le=1_000_000)
+    # The priority of a transform's shards when it does not say: below interactive jobs' 0, so
+    # a web app's single jobs never wait behind a transform.
+    transform_priority: int = Field(default=-10, ge=-1000, le=1000)
     # Inputs and outputs larger than this (bytes, as `.npy`) live in the object store, their job
     # holding a reference to them; smaller ones are kept inline in the database.
     inline_max_bytes: int = Field(default=256 * 1024, ge=0)
