@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                 "TFFLEET_DATABASE_URL": database_url,
                 "TFFLEET_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
                 "TFFLEET_API_PORT": str(api_port),
+                # Its large inputs go to a store of its own, not `.tffleet/` in the checkout.
+                "TFFLEET_OBJECT_STORE": f"file://{tmp}/objects",
             }
             cli = [sys.executable, "-m", "tffleet.cli"]
             proc = group.start("api", [*cli, "api", "--log-level", "warning"], env=env)
