@@ -2,7 +2,8 @@
 
 Each group is a file of this package: `up` (the whole fleet on one machine), `services` (api,
 worker, sweeper, flower, migrate), `jobs` (submit, status, retry, delete), `models` (register,
-list, reload), `keys` (create, list, revoke), `tenants` (list, set).
+list, reload), `keys` (create, list, revoke), `tenants` (list, set), `transform` (transform,
+transforms, datasets).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tffleet.cli.keys import add_key_commands
 from tffleet.cli.models import add_model_commands
 from tffleet.cli.services import add_service_commands
 from tffleet.cli.tenants import add_tenant_commands
+from tffleet.cli.transform import add_transform_commands
 from tffleet.cli.up import add_up_command
 
 
@@ -33,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_commands(sub)  # models register, list, reload
     add_key_commands(sub)  # keys create, list, revoke
     add_tenant_commands(sub)  # tenants list, set
+    add_transform_commands(sub)  # transform; transforms status, list, ...; datasets put
     return parser
 
 

@@ -8,6 +8,9 @@
     protocol.py  one HTTP exchange: requests, retries (`Retries`), responses to errors
     events.py    following a job's event stream (`Client.events`), reconnecting where it drops
     job.py       Job, ModelInfo, TensorSpec: what the API answers, with tensors as NumPy
+    transforms.py        transforms over files (`Client.transform`), datasets put in the store
+    transform_handle.py  TransformHandle: wait with a bar, cancel, retry, read the output back
+    transform_files.py   a transform's output files fetched, read as a table or arrays
     errors.py    the errors it raises: the one tree of tffleet.errors, and the client's own
 
 Everything here talks HTTP to the API; nothing imports the services (`api/`, `worker/`, `db/`).
@@ -40,9 +43,12 @@ from tffleet.client.errors import (
 from tffleet.client.job import Job, JobError, ModelInfo, TensorSpec
 from tffleet.client.protocol import Retries
 from tffleet.client.sync import Client
+from tffleet.client.transform_handle import AsyncTransformHandle, TransformHandle
+from tffleet.client.transforms import Transform, TransformWaitTimeout
 
 __all__ = [
     "AsyncClient",
+    "AsyncTransformHandle",
     "BadRequest",
     "Client",
     "ClientError",
@@ -66,6 +72,9 @@ __all__ = [
     "ServiceUnavailable",
     "TensorSpec",
     "TooManyRequests",
+    "Transform",
+    "TransformHandle",
+    "TransformWaitTimeout",
     "TransportError",
     "Unauthorized",
     "UnsupportedMediaType",

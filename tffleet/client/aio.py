@@ -10,6 +10,7 @@ the same requests and read the answers the same way.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -18,12 +19,14 @@ from typing import Any, TypeVar
 import httpx
 import numpy as np
 
-from tffleet.client import bulk, objects, plans
+from tffleet.client import bulk, objects, plans, transforms
 from tffleet.client.events import Follow
 from tffleet.client.job import Job, ModelInfo
 from tffleet.client.objects import DEFAULT_INLINE_MAX_BYTES
 from tffleet.client.protocol import Call, Plan, Retries, build_request, connection
 from tffleet.client.sync import DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_SIZE, DEFAULT_TIMEOUT_S
+from tffleet.client.transform_handle import AsyncTransformHandle
+from tffleet.client.transforms import Transform
 
 __all__ = ["AsyncClient"]
 
@@ -186,6 +189,71 @@ class AsyncClient:
                 continue
             if not follow.ended:
                 await asyncio.sleep(follow.dropped(None, call))
+
+    async def transform(
+        self,
+        model: str,
+        input: str | Sequence[str],
+        output: str | None = None,
+        *,
+        format: str | None = None,
+        input_format: str | None = None,
+        columns: Mapping[str, str] | None = None,
+        key: str | None = None,
+        version: int | None = None,
+        shard_records: int | None = None,
+        priority: int | None = None,
+        webhook: str | None = None,
+        webhook_events: Sequence[str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncTransformHandle:
+        """`Client.transform`: a handle whose methods are awaited."""
+        body = transforms.transform_body(
+            model,
+            input,
+            output,
+            format=format,
+            input_format=input_format,
+            columns=columns,
+            key=key,
+            version=version,
+            shard_records=shard_records,
+            priority=priority,
+            webhook=webhook,
+            webhook_events=webhook_events,
+        )
+        plan = transforms.create(body, idempotency_key=idempotency_key, retries=self._retries)
+        return AsyncTransformHandle(self, await self._drive(plan))
+
+    async def get_transform(self, transform_id: str) -> AsyncTransformHandle:
+        """A handle on a transform made before (by id), as it is now."""
+        plan = transforms.get(transform_id, wait_s=0, retries=self._retries)
+        return AsyncTransformHandle(self, await self._drive(plan))
+
+    async def transforms(
+        self, *, status: str | None = None, model: str | None = None, limit: int = 100
+    ) -> list[Transform]:
+        """This key's tenant's transforms, newest first (`limit` at most)."""
+        plan = transforms.list_transforms(
+            status=status, model=model, limit=limit, retries=self._retries
+        )
+        return await self._drive(plan)
+
+    async def put_dataset(
+        self,
+        source: str | os.PathLike[str] | bytes,
+        path: str,
+        *,
+        overwrite: bool = False,
+        progress: bool | None = None,
+    ) -> str:
+        """Put a file (a path, or bytes) into the fleet's store at `tffleet://datasets/<path>`
+        for transforms to read; returns that URI. `Conflict` where a file is there already,
+        unless `overwrite`. `progress`: a bar (None: for 64 MiB or more on a terminal)."""
+        plan = transforms.put_dataset(
+            source, path, overwrite=overwrite, progress=progress, retries=self._retries
+        )
+        return await self._drive(plan)
 
     async def webhook_secret(self) -> str:
         """The `whsec_...` secret that signs this key's tenant's webhooks."""

@@ -100,8 +100,9 @@ class Retries:
 # One request, retried and read
 
 
-def send(call: Call, retries: Retries) -> Plan[Any]:
-    """Send `call` until it is answered; returns the decoded JSON of a 2xx answer."""
+def send(call: Call, retries: Retries, *, raw: bool = False) -> Plan[Any]:
+    """Send `call` until it is answered; returns the decoded JSON of a 2xx answer (`raw`: its
+    bytes as they came, a file streamed by the API)."""
     retry = 0
     while True:
         try:
@@ -111,6 +112,8 @@ def send(call: Call, retries: Retries) -> Plan[Any]:
                 raise _transport_error(exc, call) from exc
         else:
             if response.status_code not in _RETRY_STATUSES or retry >= retries.attempts:
+                if raw and response.status_code < 400:
+                    return response.content
                 return read(response)
         yield Sleep(retries.delay_s(retry))
         retry += 1

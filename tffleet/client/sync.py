@@ -18,6 +18,7 @@ reads the answers is in `tffleet.client.plans` (`tffleet.client.bulk` for `submi
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
@@ -27,11 +28,13 @@ from typing import Any, TypeVar
 import httpx
 import numpy as np
 
-from tffleet.client import bulk, objects, plans
+from tffleet.client import bulk, objects, plans, transforms
 from tffleet.client.events import Follow
 from tffleet.client.job import Job, ModelInfo
 from tffleet.client.objects import DEFAULT_INLINE_MAX_BYTES
 from tffleet.client.protocol import Call, Plan, Retries, build_request, connection
+from tffleet.client.transform_handle import TransformHandle
+from tffleet.client.transforms import Transform
 
 __all__ = ["Client", "Retries"]
 
@@ -232,6 +235,78 @@ class Client:
                 continue
             if not follow.ended:
                 time.sleep(follow.dropped(None, call))
+
+    def transform(
+        self,
+        model: str,
+        input: str | Sequence[str],
+        output: str | None = None,
+        *,
+        format: str | None = None,
+        input_format: str | None = None,
+        columns: Mapping[str, str] | None = None,
+        key: str | None = None,
+        version: int | None = None,
+        shard_records: int | None = None,
+        priority: int | None = None,
+        webhook: str | None = None,
+        webhook_events: Sequence[str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> TransformHandle:
+        """Run `model` over every record of `input` (a file, a prefix or a list of files:
+        `tffleet://datasets/...`, or `file://` and `s3://` under the fleet's
+        TFFLEET_TRANSFORM_LOCATIONS), its output parts written under `output` (default
+        `tffleet://transforms/<id>/`) in `format` (parquet, jsonl, npy). `columns` maps each
+        model input to its column (default: the same names), `key` names a column carried to
+        the output (else the record's index); `input_format` is said by the files' names
+        unless given. Returns a handle: `.wait(progress=True)`, `.read()`, `.errors()`. The
+        API checks the files against the model's signature first: 422 naming the column."""
+        body = transforms.transform_body(
+            model,
+            input,
+            output,
+            format=format,
+            input_format=input_format,
+            columns=columns,
+            key=key,
+            version=version,
+            shard_records=shard_records,
+            priority=priority,
+            webhook=webhook,
+            webhook_events=webhook_events,
+        )
+        plan = transforms.create(body, idempotency_key=idempotency_key, retries=self._retries)
+        return TransformHandle(self, self._drive(plan))
+
+    def get_transform(self, transform_id: str) -> TransformHandle:
+        """A handle on a transform made before (by id), as it is now."""
+        plan = transforms.get(transform_id, wait_s=0, retries=self._retries)
+        return TransformHandle(self, self._drive(plan))
+
+    def transforms(
+        self, *, status: str | None = None, model: str | None = None, limit: int = 100
+    ) -> list[Transform]:
+        """This key's tenant's transforms, newest first (`limit` at most)."""
+        plan = transforms.list_transforms(
+            status=status, model=model, limit=limit, retries=self._retries
+        )
+        return self._drive(plan)
+
+    def put_dataset(
+        self,
+        source: str | os.PathLike[str] | bytes,
+        path: str,
+        *,
+        overwrite: bool = False,
+        progress: bool | None = None,
+    ) -> str:
+        """Put a file (a path, or bytes) into the fleet's store at `tffleet://datasets/<path>`
+        for transforms to read; returns that URI. `Conflict` where a file is there already,
+        unless `overwrite`. `progress`: a bar (None: for 64 MiB or more on a terminal)."""
+        plan = transforms.put_dataset(
+            source, path, overwrite=overwrite, progress=progress, retries=self._retries
+        )
+        return self._drive(plan)
 
     def webhook_secret(self) -> str:
         """The `whsec_...` secret that signs this key's tenant's webhooks."""
