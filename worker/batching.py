@@ -9,9 +9,10 @@ Once the worker's warm shutdown began, a child ends the batch it holds and claim
 
 The stages overlap, each in a thread of its own: the feeder (worker/feeder.py), the device's in
 the task's thread (here), the writer (worker/writer.py); the stages' work is worker/pipeline.py.
-What a task passes on to other children is worker/handoff.py. Plain logic over a `Runner`
-(anything with `inputs` and `run(batch) -> outputs`), so tests can pass a function instead of
-TensorFlow.
+What a task passes on to other children is worker/handoff.py. A transform's shard among the jobs
+claimed runs alone, through a pipeline of its own (worker/transform.py), before the next claim.
+Plain logic over a `Runner` (anything with `inputs` and `run(batch) -> outputs`), so tests can
+pass a function instead of TensorFlow.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from dataclasses import dataclass, field, replace
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs
+from db.jobs import Lease
 from db.models import JobErrorCode
+from tffleet.settings import Settings
 from worker import drain, handoff, metrics, pipeline, timeouts
 from worker.announcer import Notify
 from worker.drain import DRAIN, Drain, drain_bound_s
@@ -35,6 +38,7 @@ from worker.handoff import Wake
 from worker.heartbeat import Heartbeat, Running
 from worker.objects import Objects
 from worker.pipeline import BatchPolicy, Decoded, Ran, Runner, Task
+from worker.transform import ShardRunner
 from worker.writer import BatchReport, Writer
 
 # What callers import from here besides `Batcher`, whose homes are worker/drain.py,
@@ -103,6 +107,8 @@ class Batcher:
     on_busy: Callable[[str, int, float], None] = _no_busy
     # The object store: inputs held there, outputs too large for a row (worker/objects.py).
     objects: Objects | None = None
+    # Where transforms may read and write (tffleet.datasets.locations; None: get_settings()).
+    settings: Settings | None = None
     _heartbeat: Heartbeat = field(init=False, repr=False)
     _feeder_thread: ThreadPoolExecutor = field(init=False, repr=False)
     _writer_thread: ThreadPoolExecutor = field(init=False, repr=False)
@@ -166,10 +172,13 @@ class Batcher:
             while following.batch is not None:
                 batch = following.batch
                 started += 1
+                # Shards first, alone, before the next claim: a child holds one at a time.
+                writer.report.add(self._run_shards(task, batch.shards))
                 more = started < batches and time.monotonic() < budget_ends
-                after = [lease.job_id for lease in batch.leases]
+                after = [lease.job_id for lease in [*batch.leases, *batch.shards]]
                 pending = self._feeder_thread.submit(feeder.next, after=after, claim=more)
-                writer.submit(self._forward(task, batch))
+                if batch.leases:
+                    writer.submit(self._forward(task, batch))
                 following, pending = pending.result(), None
                 if following.batch is not None and self.draining():
                     drain.put_back(
@@ -237,8 +246,29 @@ class Batcher:
                 retried = [job_id for job_id in retried if job_id not in canceled]
                 continue
             retried.remove(lease.job_id)
-            ran = self._forward(task, feeder.hold([lease]))
-            report.add(writer.write(ran))
+            decoded = feeder.hold([lease])
+            report.add(self._run_shards(task, decoded.shards))
+            if decoded.leases:
+                report.add(writer.write(self._forward(task, decoded)))
+        return report
+
+    def _run_shards(self, task: Task, shards: Sequence[Lease]) -> BatchReport:
+        """Run a batch's transform shards, one after another (worker/transform.py)."""
+        report = BatchReport()
+        if not shards:
+            return report
+
+        def busy(seconds: float) -> None:
+            metrics.DEVICE_BUSY_SECONDS.labels(self.device, task.model).inc(seconds)
+            self.on_busy(task.model, task.version, seconds)
+
+        runner = ShardRunner(
+            task=task, sessions=self.sessions, heartbeat=self._heartbeat, notify=self.notify,
+            wake=self.wake, lease_s=self.lease_s, draining=self.draining, settings=self.settings,
+            on_busy=busy,
+        )  # fmt: skip
+        for lease in shards:
+            report.add(runner.run(lease))
         return report
 
     def _abandon(self, task: Task, writer: Writer, pending: Future[Next] | None) -> None:

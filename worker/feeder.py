@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from db import jobs, parts
 from db.jobs import Lease
 from tffleet.objectstore import StoreUnavailable
-from worker import handoff, metrics, objects, pipeline
+from worker import handoff, metrics, objects, pipeline, transform_spec
 from worker.announcer import Notify
 from worker.handoff import Wake
 from worker.heartbeat import Heartbeat
@@ -113,11 +113,15 @@ class Feeder:
         their inputs point to, and decode them. Raises `StoreUnavailable`, the batch put back."""
         self.heartbeat.keep(leases)
         _observe_claim(self.task.model, leases)
+        # A transform's shard holds a spec, not tensors: it is handed on unread, to run alone.
+        shards, leases = transform_spec.split_shards(leases)
         fetched = self._fetch(leases)
         leases = self._repointed(leases, fetched)
-        return pipeline.decode(
+        decoded = pipeline.decode(
             leases, runner=self.task.runner, objects=fetched.objects, missing=fetched.missing
         )
+        decoded.shards = shards
+        return decoded
 
     def _fetch(self, leases: list[Lease]) -> Fetched:
         if self.objects is None:
@@ -167,8 +171,8 @@ class Feeder:
         otherwise they have work of their own, and the split would only cost a copy."""
         task = self.task
         size = task.policy.max_batch_size
-        if len(leases) != 1 or leases[0].samples <= size:
-            return False
+        if len(leases) != 1 or leases[0].samples <= size or transform_spec.is_shard(leases[0]):
+            return False  # a shard is a part of its transform already
         peers = self.peers(task.model, task.version)
         if peers <= 0:
             return False

@@ -94,6 +94,8 @@ class Decoded:
     leases: list[Lease]
     groups: list[Group]
     failed: list[Outcome]  # jobs whose stored inputs could not be read
+    # Transforms' shards claimed with it: each runs alone, through worker/transform.py.
+    shards: list[Lease] = field(default_factory=list)
 
 
 @dataclass
