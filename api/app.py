@@ -29,6 +29,8 @@ from api.routes import (
     jobs,
     models,
     outputs,
+    transform_events,
+    transforms,
     uploads,
     webhooks,
 )
@@ -151,6 +153,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(outputs.router)
     app.include_router(uploads.router)
     app.include_router(datasets.router)
+    app.include_router(transforms.router)
+    app.include_router(transform_events.router)
     app.include_router(events.router)
     app.include_router(models.router)
     app.include_router(tfserving.router)

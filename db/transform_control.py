@@ -254,6 +254,19 @@ def cancel(*, session: Session, transform_id: str, tenant: str | None = None) ->
     return get(session=session, transform_id=transform_id, tenant=tenant)
 
 
+def retryable(*, session: Session, transform_id: str, tenant: str | None = None) -> int:
+    """How many of a transform's shards `retry` would queue again (its failed and canceled)."""
+    get(session=session, transform_id=transform_id, tenant=tenant)
+    return int(
+        session.scalar(
+            select(func.count()).where(
+                _jobs.c.transform_id == transform_id, _jobs.c.status.in_(_RETRYABLE)
+            )
+        )
+        or 0
+    )
+
+
 def retry(
     *,
     session: Session,

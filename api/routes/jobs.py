@@ -294,9 +294,14 @@ async def list_jobs(
     model: Annotated[str | None, Query(max_length=200, pattern=r"^[^\x00]*$")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=64)] = None,
+    transform: Annotated[
+        str | None,
+        Query(max_length=64, pattern=r"^[^\x00]*$", description="Only this transform's shards."),
+    ] = None,
 ) -> Response:
     """Jobs, newest first, filtered by status and model; pass `next_cursor` for the next page.
-    A tenant's key lists its own jobs, an admin's every tenant's."""
+    A tenant's key lists its own jobs, an admin's every tenant's. A transform's shards are
+    listed only with `transform=<id>`."""
     caller = await state.auth(request)
 
     def run() -> dict[str, Any]:
@@ -308,6 +313,7 @@ async def list_jobs(
                 model=model,
                 limit=limit,
                 cursor=cursor,
+                transform=transform,
             )
             # Where the queued ones stand: one statement per model version of them, not per job.
             placed = standing.place(session=session, jobs=found, recent=state.reader.recent)

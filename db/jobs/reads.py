@@ -113,13 +113,18 @@ def list_jobs(
     model: str | None = None,
     limit: int = 50,
     cursor: str | None = None,
+    transform: str | None = None,
 ) -> tuple[list[Job], str | None]:
     """Newest first, of one tenant (None: every tenant's). `cursor` is the `next_cursor` of the
-    previous page (the last id it held)."""
+    previous page (the last id it held). `transform`: only the shards of that transform, which
+    are left out otherwise (a transform of many shards would bury a tenant's own jobs)."""
     if limit < 1:
         raise InvalidRequest(f"limit: must be at least 1, got {limit}")
     # The parts of split jobs are the fleet's, not the client's (db/parts.py).
     query = select(Job).where(Job.parent_id.is_(None)).order_by(Job.id.desc()).limit(limit + 1)
+    query = query.where(
+        Job.transform_id.is_(None) if transform is None else Job.transform_id == transform
+    )
     if tenant is not None:
         query = query.where(Job.tenant == tenant)
     if status is not None:

@@ -1,0 +1,231 @@
+"""Transforms (DESIGN §14): submit one, read it (with long-poll), list, cancel, retry its failed
+shards. Its shards are jobs (`GET /v1/jobs?transform=<id>`); its events stream is in
+api/routes/transform_events.py.
+
+A transform is checked whole before anything is stored (api/transform_submit.py), then its row
+and every shard job are committed in one transaction (db/transform_control.py), then its shards
+are published, as a bulk submit's jobs are: a failed publish leaves them queued for the sweeper.
+Its shards count as queued jobs for the queue's limit and the tenant's quota.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from api.body import read_json
+from api.ids import JobId
+from api.metrics import PUBLISH_FAILURES
+from api.schemas import error_responses, json_response
+from api.state import AppState, StateDep
+from api.submission import field_errors
+from api.transform_schemas import TransformCreate, TransformList, TransformOut
+from api.transform_submit import prepare
+from db import clock, transform_control
+from db.models import Job, JobStatus, TransformStatus
+from db.tenants import Caller
+from db.transform_control import NewTransform, plan_shards
+from db.transform_views import transform_out
+from tffleet.errors import InvalidInput
+
+router = APIRouter(prefix="/v1/transforms", tags=["transforms"])
+
+_UNFINISHED = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=TransformOut,
+    responses=error_responses(400, 404, 413, 415, 422, 429, 503),
+)
+async def submit(request: Request, state: StateDep) -> Response:
+    """Run a model over every record of some files: 202 with the transform, `queued`.
+
+    The input's files are inspected and their columns checked against the model's signature
+    before anything is stored (422 naming the column); then the transform and one job per
+    shard (`shard_records` records of one file) are stored together and the shards run as
+    other jobs do, at a priority below interactive jobs unless `priority` says otherwise."""
+    caller = await state.auth(request)
+    body = await read_json(
+        request, max_bytes=state.settings.max_body_bytes, max_items=state.settings.max_json_items
+    )
+    try:
+        spec = TransformCreate.model_validate(body)
+    except ValidationError as exc:
+        raise InvalidInput(field_errors(exc)) from None
+    limits = await state.admission.limits(caller.tenant)
+    new = await run_in_threadpool(prepare, state, caller, limits, spec)
+    shards = len(plan_shards([f["info"]["records"] for f in new.files], new.shard_records))
+    await state.admission.admit(shards, tenant=caller.tenant, limits=limits)
+    out, shard_ids = await run_in_threadpool(_create, state, new)
+    if shard_ids:  # after the commit: a wake-up never names a row that is not committed
+        published = await run_in_threadpool(
+            functools.partial(
+                state.publisher.publish, model=new.model, version=new.version, job_ids=shard_ids
+            )
+        )
+        if not published:
+            PUBLISH_FAILURES.inc()
+    return json_response(out, 202)
+
+
+def _create(state: AppState, new: NewTransform) -> tuple[dict[str, Any], list[str]]:
+    with state.sessions.begin() as session:
+        transform, shard_ids = transform_control.create(session=session, new=new)
+        return transform_out(transform, now=clock.now(session)), shard_ids
+
+
+@router.get(
+    "/{transform_id}", response_model=TransformOut, responses=error_responses(404, 422, 503)
+)
+async def get_transform(
+    transform_id: JobId,
+    request: Request,
+    state: StateDep,
+    wait: Annotated[
+        float, Query(ge=0, le=30, description="Hold until the transform ends, seconds.")
+    ] = 0,
+) -> Response:
+    """A transform: its counts, shards, progress and ETA; with `wait`, held until it ends or
+    `wait` seconds pass."""
+    caller = await state.auth(request)
+    out, waiting = await run_in_threadpool(read, state, caller, transform_id, wait > 0)
+    if wait > 0 and waiting:
+        out = await _wait(state, caller, transform_id, waiting, wait)
+    return json_response(out)
+
+
+def read(
+    state: AppState, caller: Caller, transform_id: str, shards: bool = False
+) -> tuple[dict[str, Any], list[str]]:
+    """The transform as shown, and (with `shards`) its unfinished shards' ids, for a watch."""
+    with state.reads() as session:
+        transform = transform_control.get(
+            session=session, transform_id=transform_id, tenant=caller.scope
+        )
+        running = transform_control.running(session=session, transform=transform)
+        out = transform_out(transform, running=running, now=clock.now(session))
+        waiting: list[str] = []
+        if shards and not TransformStatus(transform.status).finished:
+            waiting = list(
+                session.scalars(
+                    select(Job.id).where(
+                        Job.transform_id == transform_id, Job.status.in_(_UNFINISHED)
+                    )
+                )
+            )
+        return out, waiting
+
+
+async def _wait(
+    state: AppState, caller: Caller, transform_id: str, shard_ids: list[str], wait_s: float
+) -> dict[str, Any]:
+    """Re-read the transform each time one of its shards is announced ended (and at least every
+    `waiter.recheck_s`: an announcement lost with Redis only delays it) until it ends."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    with state.waiter.watch(*shard_ids) as woken:
+        while True:
+            out, _ = await run_in_threadpool(read, state, caller, transform_id)
+            left = deadline - loop.time()
+            if TransformStatus(out["status"]).finished or left <= 0:
+                return out
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), min(left, state.waiter.recheck_s))
+            woken.clear()
+
+
+@router.get("", response_model=TransformList, responses=error_responses(400, 422, 503))
+async def list_transforms(
+    request: Request,
+    state: StateDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    """Transforms, newest first; pass `next_cursor` for the next page. A tenant's key lists its
+    own, an admin's every tenant's."""
+    caller = await state.auth(request)
+
+    def run() -> dict[str, Any]:
+        with state.reads() as session:
+            found, next_cursor = transform_control.list_transforms(
+                session=session, tenant=caller.scope, limit=limit, cursor=cursor
+            )
+            now = clock.now(session)
+            outs = [
+                transform_out(t, running=transform_control.running(session=session, transform=t),
+                              now=now)
+                for t in found
+            ]  # fmt: skip
+            return {"transforms": outs, "next_cursor": next_cursor}
+
+    return json_response(await run_in_threadpool(run))
+
+
+@router.post(
+    "/{transform_id}/cancel",
+    response_model=TransformOut,
+    responses=error_responses(404, 409, 422, 503),
+)
+async def cancel(transform_id: JobId, request: Request, state: StateDep) -> Response:
+    """Cancel a transform: its queued shards never start, its running ones stop at a batch
+    boundary (their parts are not written); the parts written stay. 409 once it ended."""
+    caller = await state.auth(request)
+
+    def run() -> dict[str, Any]:
+        with state.sessions.begin() as session:
+            transform_control.cancel(
+                session=session, transform_id=transform_id, tenant=caller.scope
+            )
+        return read(state, caller, transform_id)[0]
+
+    return json_response(await run_in_threadpool(run))
+
+
+@router.post(
+    "/{transform_id}/retry",
+    response_model=TransformOut,
+    responses=error_responses(404, 409, 410, 422, 429, 503),
+)
+async def retry(transform_id: JobId, request: Request, state: StateDep) -> Response:
+    """Run a failed or canceled transform's failed and canceled shards again; the shards done
+    are not run again. 409 while it runs or once it succeeded; 410 once a shard's spec is no
+    longer stored (TFFLEET_INPUT_TTL_S after it ended)."""
+    caller = await state.auth(request)
+    limits = await state.admission.limits(caller.tenant)
+
+    def count() -> int:
+        with state.reads() as session:
+            return transform_control.retryable(
+                session=session, transform_id=transform_id, tenant=caller.scope
+            )
+
+    # Its shards to run again count against the queue's limit and the tenant's quota.
+    await state.admission.admit(await run_in_threadpool(count), tenant=caller.tenant, limits=limits)
+
+    def run() -> tuple[dict[str, Any], list[str], str, int]:
+        with state.sessions.begin() as session:
+            transform, shard_ids = transform_control.retry(
+                session=session,
+                transform_id=transform_id,
+                tenant=caller.scope,
+                input_ttl_s=state.settings.input_ttl_s,
+            )
+            model, version = transform.model, transform.version
+        return read(state, caller, transform_id)[0], shard_ids, model, version
+
+    out, shard_ids, model, version = await run_in_threadpool(run)
+    published = await run_in_threadpool(
+        functools.partial(state.publisher.publish, model=model, version=version, job_ids=shard_ids)
+    )
+    if not published:
+        PUBLISH_FAILURES.inc()
+    return json_response(out)
