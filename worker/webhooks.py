@@ -9,7 +9,8 @@ receivers drop repeats by `webhook-id`).
 
 - At most `webhook_max_in_flight` attempts at once, and `webhook_max_in_flight_per_tenant` of
   one tenant: a tenant whose receiver never answers holds only its own slots.
-- Each attempt: the body is built now (the job as GET shows it, at the event: db/views.py), the
+- Each attempt: the body is built now (the job as GET shows it, at the event: db/views.py; a
+  transform's end, event `transform`, the transform as GET shows it: db/transform_views.py), the
   host is resolved and every address checked again (TFFLEET_WEBHOOK_ALLOW_PRIVATE), and the
   request goes to the address that was checked (the Host header and TLS name stay the URL's),
   so a name that resolves elsewhere since the submit reaches nothing it must not. Redirects are
@@ -40,9 +41,10 @@ import orjson
 from prometheus_client import Counter as Metric
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import clock
+from db import clock, transform_control
 from db import webhooks as outbox
 from db.models import JobStatus
+from db.transform_views import transform_out
 from db.views import job_out
 from tffleet import webhooks
 from tffleet.settings import Settings
@@ -85,6 +87,16 @@ def body_of(delivery: Any, job: Any) -> bytes:
     if delivery.job_status != JobStatus.SUCCEEDED.value:
         view.outputs = None
     return orjson.dumps(job_out(view), option=orjson.OPT_SERIALIZE_NUMPY)  # type: ignore[arg-type]
+
+
+def transform_body(session: Session, delivery: Any, transform: Any) -> bytes:
+    """The transform as GET /v1/transforms/{id} shows it, at its end (db/transform_views.py)."""
+    view = SimpleNamespace(**transform._mapping)
+    view.status = delivery.job_status
+    view.started_at = delivery.job_started_at
+    view.finished_at = delivery.job_finished_at
+    running = transform_control.running(session=session, transform=view)  # type: ignore[arg-type]
+    return orjson.dumps(transform_out(view, running=running))
 
 
 class Deliverer:
@@ -214,8 +226,12 @@ class Deliverer:
             found = outbox.snapshot(session=session, delivery_id=delivery.id)
             if found is None:
                 return None
+            if delivery.event == outbox.TRANSFORM_EVENT:
+                body = transform_body(session, *found)
+            else:
+                body = body_of(*found)
             secret = outbox.secret(session=session, tenant=delivery.tenant)
-        return body_of(*found), secret
+        return body, secret
 
     def _request(self, delivery: outbox.Due, body: bytes, secret: str) -> httpx.Request:
         """The POST, to the address just checked (resolved now, on this thread)."""
