@@ -207,16 +207,15 @@ class ShardRunner:
         outputs: list[Arrays] = []
         kept: list[np.ndarray] = []
         for start in range(0, len(fed), chunk):
-            rows = np.arange(start, min(len(fed), start + chunk))
+            stop = min(len(fed), start + chunk)
             try:
-                outputs.append(self._run(lease, fed.arrays, rows, tally))
-                kept.append(rows)
+                outputs.append(self._run(lease, fed.arrays, slice(start, stop), tally))
+                kept.append(np.arange(start, stop))
             except Exception:
-                for row in rows.tolist():
-                    one = np.array([row])
+                for row in range(start, stop):
                     try:
-                        outputs.append(self._run(lease, fed.arrays, one, tally))
-                        kept.append(one)
+                        outputs.append(self._run(lease, fed.arrays, slice(row, row + 1), tally))
+                        kept.append(np.arange(row, row + 1))
                     except Exception:
                         reason = pipeline.describe_failure()
                         tally.model_failures += 1
@@ -224,14 +223,17 @@ class ShardRunner:
                         tally.errors.append((_record(fed, row), _key(fed, row), reason))
         if not outputs:
             return {}, np.empty(0, dtype=np.int64)
+        if len(outputs) == 1:
+            return outputs[0], kept[0]
         joined = {name: np.concatenate([out[name] for out in outputs]) for name in outputs[0]}
         return joined, np.concatenate(kept)
 
-    def _run(self, lease: Lease, arrays: Arrays, rows: np.ndarray, tally: _Tally) -> Arrays:
-        """One forward pass over `rows`, padded to a bucket, under the model's time limit."""
+    def _run(self, lease: Lease, arrays: Arrays, rows: slice, tally: _Tally) -> Arrays:
+        """One forward pass over `rows` (views, no copy), padded to a bucket, under the model's
+        time limit."""
         task = self.task
-        size = len(rows)
         batch = {name: values[rows] for name, values in arrays.items()}
+        size = len(next(iter(batch.values())))
         padded = task.policy.padded_size(size)
         if padded > size:
             batch = {name: _pad(values, padded - size) for name, values in batch.items()}

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 PREFETCH = 2
 # Output batches waiting for the writer: it seldom lags (a model's outputs are small).
 WRITE_AHEAD = 4
+# Outputs held before they go to the part's writer together (object arrays count their
+# pointers only: a part of strings holds more).
+COALESCE_BYTES = 4 * 1024 * 1024
 # How often a blocked hand-off looks whether the other side stopped.
 _POLL_S = 0.1
 # How long closing waits for a stage's thread (a read or write in flight) before leaving it.
@@ -153,6 +156,12 @@ class Prefetcher:
         return False
 
 
+def _joined(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    if len(batches) == 1:
+        return batches[0]
+    return {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
+
+
 class _Aborted(Exception):
     """Ends a part's write without completing it: no part is left."""
 
@@ -213,13 +222,23 @@ class PartWriter:
                 continue
 
     def _batches(self) -> Iterator[dict[str, np.ndarray]]:
+        """The batches put, joined up to `COALESCE_BYTES`: a part's row groups (and its JSON
+        Lines writes) are then large, whatever the model's batch."""
+        held: list[dict[str, np.ndarray]] = []
+        size = 0
         while True:
             item = self._queue.get()
-            if isinstance(item, _End):
-                return
             if isinstance(item, _Aborted):
                 raise item
-            yield item
+            if isinstance(item, _End):
+                if held:
+                    yield _joined(held)
+                return
+            held.append(item)
+            size += sum(values.nbytes for values in item.values())
+            if size >= COALESCE_BYTES:
+                yield _joined(held)
+                held, size = [], 0
 
     def _write(self) -> None:
         try:
