@@ -140,6 +140,18 @@ function draw(o) {
     el("td", { class: "mono" }, f.code),
     el("td", {}, f.message),
   ], "No failure in the last 24 hours.");
+  fill("transforms", o.transforms || [], (t) => [
+    el("td", {}, time(t.created_at)),
+    el("td", { class: "mono" }, t.id),
+    el("td", {}, t.tenant),
+    el("td", { class: "mono" }, `${t.model}:${t.version}`),
+    el("td", {}, t.status),
+    el("td", { class: "num" }, `${(100 * t.progress).toFixed(1)}%`),
+    el("td", { class: "num" },
+      `${t.counts.succeeded} / ${t.counts.failed} / ${t.counts.records}`),
+    el("td", { class: "num" }, `${t.shards.done} / ${t.shards.failed} / ${t.shards.total}`),
+    el("td", { class: "num" }, t.eta_s === null ? "" : age(t.eta_s)),
+  ], "No transform yet.");
 }
 
 function fill(id, rows, cells, empty) {

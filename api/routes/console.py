@@ -28,7 +28,18 @@ from sqlalchemy.orm import Session
 from api.ids import JobId
 from api.schemas import error_responses, json_response
 from api.state import AppState, get_state
-from db import clock, console, jobs, objects, presence, registry, size, standing, tenants
+from db import (
+    clock,
+    console,
+    jobs,
+    objects,
+    presence,
+    registry,
+    size,
+    standing,
+    tenants,
+    transform_control,
+)
 from db.models import JobStatus, ModelPresence
 from db.tenants import Limits
 from db.views import iso_utc, job_out, output_uri
@@ -61,8 +72,8 @@ async def overview(request: Request) -> Response:
     holding it (host, device, state, busy share) and its queued and running jobs and oldest
     queued age; the devices; the tenants with their queued jobs and quotas; jobs ended and
     their latency per minute over the last 15 minutes; the latest failures; storage (the
-    database's size, the jobs that keep their inputs, and how long each thing is kept). Admin
-    keys only."""
+    database's size, the jobs that keep their inputs, and how long each thing is kept); the
+    latest transforms with their progress. Admin keys only."""
     state = get_state(request)
     await state.auth.admin(request)
     cache: _Cache | None = getattr(request.app.state, "console_overview", None)
@@ -109,6 +120,7 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
         minutes = console.minutes(session=session, now=now, count=MINUTES, known=cache.closed)
         failures = console.latest_failures(session=session, since=now - FAILURES_SINCE)
         known = tenants.list_tenants(session=session)
+        recent_transforms = transform_control.recent(session=session, now=now)
         if time.monotonic() - cache.storage_at > _STORAGE_FRESH_S:
             cache.storage, cache.storage_at = _storage(session, state), time.monotonic()
     cache.keep(minutes, now)
@@ -174,6 +186,7 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
             for job in failures
         ],
         "storage": cache.storage,
+        "transforms": recent_transforms,
     }
 
 

@@ -348,3 +348,23 @@ async def test_its_shards_count_against_the_tenants_quota(
     )
     assert response.status_code == 429, response.text
     assert counts(store_api.sessions) == (0, 0)
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_the_console_lists_the_latest_transforms_with_their_progress(
+    store_api: Api, object_store: ObjectStore
+) -> None:
+    object_store.put("acme/datasets/set/a.parquet", parquet(20))
+    created = await store_api.client.post(
+        "/v1/transforms", json=body(), headers=store_api.key("acme")
+    )
+    transform_id = created.json()["id"]
+    first = shards_of(store_api.sessions, transform_id)[0]
+    with store_api.sessions.begin() as session:
+        (lease,) = jobs.claim(session=session, job_ids=[first.id], owner="w1", lease_s=60)
+        jobs.progress(session=session, lease=lease, samples_done=4, lease_s=60)
+    overview = (await store_api.client.get("/v1/console/overview")).json()
+    (shown,) = overview["transforms"]
+    assert (shown["id"], shown["tenant"], shown["status"]) == (transform_id, "acme", "running")
+    assert shown["progress"] == 0.2 and shown["shards"]["running"] == 1
+    assert shown["started_at"] is not None
