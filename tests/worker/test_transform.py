@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,9 +27,11 @@ from db import jobs, tenants, transforms
 from db.models import DEFAULT_TENANT, Job, JobStatus, Transform
 from tests.datasets.files import images, npy, parquet
 from tests.worker.test_batching import outputs_of, policy, read
+from tests.worker.test_objects import dead_store
 from tffleet import tensors
 from tffleet.datasets import formats
 from tffleet.datasets.locations import resolve
+from tffleet.objectstore import StoreUnavailable
 from tffleet.settings import Settings
 from worker import transform
 from worker.batching import Batcher, BatchReport
@@ -340,3 +343,25 @@ def test_a_shard_that_names_a_location_the_worker_refuses_fails_invalid_input(
     job = read(sessions, job_id)
     assert (job.status, job.error_code) == (JobStatus.FAILED, "invalid_input")
     assert job.error_message is not None and "file:///etc/part.parquet" in job.error_message
+
+
+def test_a_store_that_does_not_take_the_part_puts_the_shard_back_with_no_attempt_spent(
+    sessions: Sessions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "in.npy").write_bytes(npy(images(4, SHAPE)))
+    dead_store(monkeypatch)  # the fleet's own store, where the part goes, answers nothing
+    settings = Settings(
+        object_store="s3://tffleet-test/x", transform_locations=f"{allowed.as_uri()}/"
+    )
+    transform_id, (job_id,) = make_transform(
+        sessions, settings, f"{allowed.as_uri()}/in.npy", format="npy", shard_records=4
+    )
+    with pytest.raises(StoreUnavailable):
+        run(batcher(sessions, settings), [job_id], ImageRunner())
+
+    job = read(sessions, job_id)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
+    row = the_transform(sessions, transform_id)
+    assert (row.status, row.shards_done, row.shards_failed) == ("queued", 0, 0)
