@@ -188,7 +188,11 @@ def running(*, session: Session, transform: Transform) -> Running:
         )
     parts = session.scalars(
         select(_jobs.c.shard)
-        .where(_jobs.c.transform_id == transform.id, _jobs.c.status == JobStatus.SUCCEEDED.value)
+        .where(
+            _jobs.c.transform_id == transform.id,
+            _jobs.c.status == JobStatus.SUCCEEDED.value,
+            _jobs.c.samples_done > 0,  # a shard of no good record wrote no part
+        )
         .order_by(_jobs.c.shard)
     )
     return Running(

@@ -95,6 +95,9 @@ def shard_finished(
         "records_failed": _transforms.c.records_failed + int(failed),
         "shards_done": _transforms.c.shards_done + 1,
     }
+    # Its records with outputs, on its row: 0 says it wrote no part (no good record), which
+    # the transform's list of files leaves out (db.transform_control.running).
+    session.execute(update(_jobs).where(_jobs.c.id == job_id).values(samples_done=int(succeeded)))
     if row.status == TransformStatus.QUEUED.value:
         values |= {"status": TransformStatus.RUNNING.value, "started_at": _started(session, row)}
     session.execute(update(_transforms).where(_transforms.c.id == transform_id).values(**values))

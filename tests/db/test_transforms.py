@@ -255,3 +255,13 @@ def test_transforms_are_their_tenants_and_list_newest_first(sessions: Sessions) 
             session=session, tenant="a", limit=2, cursor=cursor
         )
         assert [t.id for t in rest] == mine[:1] and end is None
+
+
+def test_a_shard_of_no_good_record_is_no_file_of_its_output(sessions: Sessions) -> None:
+    transform_id, shard_ids = create(sessions, new_transform([20]))
+    first, second = claim(sessions, shard_ids)
+    finish(sessions, first, transform_id, 0, 10)  # every record bad: its worker wrote no part
+    assert finish(sessions, second, transform_id, 10, 0)
+    out = view(sessions, transform_id)
+    assert out["status"] == "succeeded" and out["counts"]["failed"] == 10
+    assert out["output"]["files"] == ["file:///srv/out/part-00001.jsonl"]
