@@ -30,7 +30,9 @@ Every path by which a job runs again
 6. The object store did not answer (`StoreUnavailable`) for a batch's inputs, or for a job's
    outputs too large for a row: as 1, the task is tried again with back-off, but those jobs go
    back to the queue as if never claimed (`db.jobs.unclaim`): no attempt spent, never failed for
-   it (worker/objects.py).
+   it (worker/objects.py). A transform's shard whose file or part the store does not serve goes
+   back the same way, its part left unwritten (worker/transform.py); so does one running when
+   the worker begins its warm shutdown, stopped at a batch boundary.
 7. A wake-up was lost. The submit's publish fails fast (`PUBLISH_RETRY_POLICY` in
    tffleet/broker.py: the job is durable already), or Redis lost the message: the sweeper
    publishes again every queued job whose last wake-up is older than `TFFLEET_REPUBLISH_AFTER_S`
@@ -53,6 +55,9 @@ What never runs again
   the job, so the others still succeed), its stored inputs do not unpack (`model_error`), no
   worker can load its version (`model_error`), it ran alone past its time limit (`timeout`). The
   same input would fail the same way.
+- A transform's shard whose file is gone (`input_missing`), whose spec, location or file cannot
+  be read as it says (`invalid_input`), or whose model raised on every record (`model_error`). A
+  bad record never fails its shard: it goes to the shard's errors file (worker/transform.py).
 - A job that used its attempt budget (`worker_lost`), and a canceled job, unless a client
   retries it (11).
 - A job past its deadline (`Cancel-After`): the claim cancels it instead of starting it, and the
