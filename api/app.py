@@ -30,6 +30,7 @@ from api.routes import (
     models,
     outputs,
     transform_events,
+    transform_files,
     transforms,
     uploads,
     webhooks,
@@ -155,6 +156,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(datasets.router)
     app.include_router(transforms.router)
     app.include_router(transform_events.router)
+    app.include_router(transform_files.router)
     app.include_router(events.router)
     app.include_router(models.router)
     app.include_router(tfserving.router)

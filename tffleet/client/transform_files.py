@@ -89,6 +89,12 @@ def read_arrays(format: str, parts: Sequence[bytes]) -> dict[str, np.ndarray]:
     return {name: column_array(table.column(name)) for name in table.column_names}
 
 
+def read_errors(files: Sequence[bytes]) -> list[dict[str, Any]]:
+    """The errors files' records in input order (within a batch a worker lists the records
+    that did not parse before those that did not fit)."""
+    return sorted(read_jsonl(files), key=lambda error: int(error.get("index", -1)))
+
+
 def read_jsonl(parts: Sequence[bytes]) -> list[dict[str, Any]]:
     try:
         return [orjson.loads(line) for part in parts for line in part.splitlines() if line]

@@ -101,7 +101,7 @@ class TransformHandle:
 
     def errors(self) -> list[dict[str, Any]]:
         """Its bad records, `{"index", "key", "reason"}` each, in input order."""
-        return transform_files.read_jsonl(self._parts("errors"))
+        return transform_files.read_errors(self._parts("errors"))
 
     def download(self, folder: str | os.PathLike[str]) -> list[Path]:
         """Save every file it wrote (parts, errors/...) into `folder`; returns their paths."""
@@ -169,7 +169,7 @@ class AsyncTransformHandle:
         return transform_files.read_arrays(self.transform.output_format, parts)
 
     async def errors(self) -> list[dict[str, Any]]:
-        return transform_files.read_jsonl(await self._parts("errors"))
+        return transform_files.read_errors(await self._parts("errors"))
 
     async def download(self, folder: str | os.PathLike[str]) -> list[Path]:
         saved: list[Path] = []
