@@ -176,13 +176,12 @@ def record_transform(*, session: Session, transform_id: str, at: datetime) -> No
         t.started_at,
         t.finished_at,
     ).where(t.id == transform_id, t.webhook.is_not(None), t.finished_at == at)
-    names = ["id", "job_id", "tenant", "event", "url", "status", "attempts", "next_attempt_at"]
-    names += ["created_at", "at", "job_status", "job_attempts", "job_started_at"]
-    names += ["job_finished_at"]
+    names = "id job_id tenant event url status attempts next_attempt_at created_at at job_status"
+    names += " job_attempts job_started_at job_finished_at"
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     session.execute(
         insert(_deliveries)
-        .from_select(names, query)
+        .from_select(names.split(), query)
         .on_conflict_do_nothing(index_elements=["job_id", "event", "at"])
     )
 
