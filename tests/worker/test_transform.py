@@ -154,6 +154,7 @@ def batcher(
     return Batcher(
         sessions=sessions, owner="t1", lease_s=30, notify=lambda ended: None,
         settings=settings, draining=draining or (lambda: False),
+        peers=lambda model, version: 1,  # a job larger than a batch would be split; a shard never
     )  # fmt: skip
 
 
