@@ -265,8 +265,24 @@ def cancel(*, session: Session, transform_id: str, tenant: str | None = None) ->
     """Cancel an unfinished transform: its queued shards never start; its running ones lose
     their lease (their late results match nothing) and their workers stop at a batch boundary.
     Its shards done keep their parts. Canceling twice is not an error; one that ended is 409."""
-    transform = get(session=session, transform_id=transform_id, tenant=tenant)
+    get(session=session, transform_id=transform_id, tenant=tenant)
     now = clock.now(session)
+    # Its shards first, then its row: the order a worker's completing transaction takes them
+    # (a shard's row, then its transform's in `shard_finished`), so the two never deadlock. An
+    # ended transform has no unfinished shard: this changes nothing then. Locked in id order,
+    # as the take-back locks jobs, before the UPDATE (which takes them in no set order).
+    unfinished = (_jobs.c.transform_id == transform_id, _jobs.c.status.in_(_UNFINISHED))
+    session.execute(select(_jobs.c.id).where(*unfinished).order_by(_jobs.c.id).with_for_update())
+    session.execute(
+        update(_jobs)
+        .where(*unfinished)
+        .values(
+            status=JobStatus.CANCELED.value,
+            finished_at=now,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
     ended = session.execute(
         update(_transforms)
         .where(_transforms.c.id == transform_id, _transforms.c.status.in_(_OPEN))
@@ -278,16 +294,6 @@ def cancel(*, session: Session, transform_id: str, tenant: str | None = None) ->
         if transform.status == TransformStatus.CANCELED.value:
             return transform
         raise Conflict(f"transform {transform_id!r} already finished as {transform.status}")
-    session.execute(
-        update(_jobs)
-        .where(_jobs.c.transform_id == transform_id, _jobs.c.status.in_(_UNFINISHED))
-        .values(
-            status=JobStatus.CANCELED.value,
-            finished_at=now,
-            lease_owner=None,
-            lease_expires_at=None,
-        )
-    )
     if webhooks.wants(ended.webhook_events, webhooks.Event.COMPLETED):
         webhooks.record_transform(session=session, transform_id=transform_id, at=now)
     return get(session=session, transform_id=transform_id, tenant=tenant)

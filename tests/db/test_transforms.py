@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -265,3 +266,24 @@ def test_a_shard_of_no_good_record_is_no_file_of_its_output(sessions: Sessions) 
     out = view(sessions, transform_id)
     assert out["status"] == "succeeded" and out["counts"]["failed"] == 10
     assert out["output"]["files"] == ["file:///srv/out/part-00001.jsonl"]
+
+
+def test_of_shards_ending_at_once_exactly_one_ends_the_transform(sessions: Sessions) -> None:
+    transform_id, shard_ids = create(sessions, new_transform([40]))
+    leases = claim(sessions, shard_ids)
+    barrier = threading.Barrier(len(leases))
+    ended: list[bool] = []
+
+    def end(lease: jobs.Lease) -> None:
+        barrier.wait()
+        ended.append(finish(sessions, lease, transform_id, 10, 0))
+
+    threads = [threading.Thread(target=end, args=(lease,)) for lease in leases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(ended) == [False, False, False, True]
+    out = view(sessions, transform_id)
+    assert out["status"] == "succeeded" and out["counts"]["succeeded"] == 40
+    assert out["shards"]["done"] == 4
