@@ -137,6 +137,7 @@ class ShardRunner:
 
     def _end(self, lease: Lease, report: BatchReport) -> None:
         spec = self._spec(lease)
+        self._check_outputs(spec)
         tally = _Tally()
         part = PartWriter(spec.part, spec.output_format)
         try:
@@ -164,6 +165,22 @@ class ShardRunner:
             )  # fmt: skip
         except ValueError as exc:
             raise _ShardFailed(JobErrorCode.INVALID_INPUT, f"transform shard: {exc}") from None
+
+    def _check_outputs(self, spec: ShardSpec) -> None:
+        """What the part cannot hold, refused before any record is read: an .npy part holds one
+        output; another part's key (or `index`) column must not share an output's name."""
+        outputs = list(getattr(self.task.runner, "outputs", None) or {})
+        if spec.output_format == "npy" and len(outputs) > 1:
+            raise _ShardFailed(
+                JobErrorCode.INVALID_INPUT,
+                f"an .npy part holds one output; the model has {outputs} (use parquet or jsonl)",
+            )
+        if spec.output_format != "npy" and spec.carried in outputs:
+            raise _ShardFailed(
+                JobErrorCode.INVALID_INPUT,
+                f"the part's column {spec.carried!r} (the key, or the record number) has the name "
+                f"of an output of the model",
+            )
 
     def _stream(self, lease: Lease, spec: ShardSpec, tally: _Tally, part: PartWriter) -> None:
         """Every batch of the shard through the device into the part, the reader ahead."""

@@ -366,3 +366,45 @@ def test_a_store_that_does_not_take_the_part_puts_the_shard_back_with_no_attempt
     assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
     row = the_transform(sessions, transform_id)
     assert (row.status, row.shards_done, row.shards_failed) == ("queued", 0, 0)
+
+
+def test_a_json_lines_shard_writes_json_lines_with_its_keys_and_a_short_record_apart(
+    sessions: Sessions, settings: Settings
+) -> None:
+    x = images(5, SHAPE).reshape(5, -1)
+    lines = [{"name": f"n{i}", "pixels": x[i].tolist()} for i in range(5)]
+    lines[2]["pixels"] = lines[2]["pixels"][:10]
+    uri = put(settings, "in.jsonl", b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    transform_id, (job_id,) = make_transform(
+        sessions, settings, uri, format="jsonl", output="jsonl", shard_records=5,
+        columns={"image": "pixels"}, key="name",
+    )  # fmt: skip
+    run(batcher(sessions, settings), [job_id], ImageRunner())
+
+    part = fetch(settings, f"tffleet://transforms/{transform_id}/part-00000.jsonl")
+    assert part is not None
+    rows = [orjson.loads(line) for line in part.splitlines()]
+    assert [row["name"] for row in rows] == ["n0", "n1", "n3", "n4"]
+    good = images(5, SHAPE)[[0, 1, 3, 4]]
+    np.testing.assert_allclose(np.array([row["y"] for row in rows]), model(good), rtol=1e-5)
+    errors = fetch(settings, f"tffleet://transforms/{transform_id}/errors/part-00000.jsonl")
+    assert errors is not None
+    (error,) = [orjson.loads(line) for line in errors.splitlines()]
+    assert (error["index"], error["key"]) == (2, "n2") and "10 values" in error["reason"]
+
+
+def test_a_key_that_shares_an_output_name_fails_the_shard_before_it_reads(
+    sessions: Sessions, settings: Settings
+) -> None:
+    uri = put(settings, "in.parquet", table(4))
+    _, (job_id,) = make_transform(
+        sessions, settings, uri, format="parquet", shard_records=4, columns={"image": "pixels"},
+        key="id",
+    )  # fmt: skip
+    runner = ImageRunner()
+    runner.outputs = {"id": {"dtype": "float32", "shape": [-1, 2]}}  # type: ignore[attr-defined]
+    run(batcher(sessions, settings), [job_id], runner)
+
+    job = read(sessions, job_id)
+    assert (job.status, job.error_code) == (JobStatus.FAILED, "invalid_input")
+    assert runner.sizes == [], "nothing ran"
