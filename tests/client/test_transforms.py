@@ -121,7 +121,7 @@ def test_wait_follows_the_counts_to_the_end(capsys: pytest.CaptureFixture[str]) 
     waits = [r.url.params.get("wait") for r in contract.requests[1:]]
     assert all(w is not None and float(w) > 0 for w in waits)
     bar = capsys.readouterr().err
-    assert "10/10" in bar and "failed=1" in bar and "shards=2/2" in bar
+    assert "10/10 rec" in bar and "failed=1" in bar and "shards=2/2" in bar and "rec/s" not in bar
 
 
 def test_a_wait_that_runs_out_says_how_far_it_got() -> None:

@@ -32,6 +32,9 @@ from tffleet.client.protocol import Call, Plan, Retries, Sleep, Stream, send
 FINISHED = frozenset({"succeeded", "failed", "canceled"})
 # A wait with a bar polls this often, so the bar moves while shards run.
 PROGRESS_ROUND_S = 1.0
+# The bar: records done of all, the time waited, and the API's counts and ETA; no rate of its
+# own, which would count records done before the wait began as done in its first instant.
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rec [{elapsed}{postfix}]"
 
 
 @dataclass(frozen=True)
@@ -223,14 +226,17 @@ def _show(bar: tqdm[Any] | None, seen: Transform, progress: bool | None) -> tqdm
             unit_scale=seen.records >= 100_000,  # 1.2M rec, not 1200000; 10/10 as it is
             disable=not shown,
             dynamic_ncols=True,
+            bar_format=BAR_FORMAT,
         )
     done = _records_done(seen)
     if done > bar.n:
         bar.update(done - bar.n)
+    shown_eta = {} if seen.finished or seen.eta_s is None else {"eta": f"{seen.eta_s:.0f}s"}
     bar.set_postfix(
         status=seen.status,
         failed=seen.records_failed,
         shards=f"{seen.shards_done}/{seen.shards_total}",
+        **shown_eta,
         refresh=True,
     )
     return bar
