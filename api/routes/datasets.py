@@ -101,6 +101,8 @@ def _where(state: AppState, tenant: str, path: str) -> tuple[str, str]:
     uri = f"tffleet://datasets/{path}"
     if not path or path.endswith("/"):
         raise InvalidInput(f"path: {path!r} names a folder, not a file (datasets/a/b.csv)")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise InvalidInput(f"path: {path!r} holds a control character, which no key may")
     try:
         location = resolve(uri, tenant, state.settings, write=True)
     except LocationRefused as exc:

@@ -88,7 +88,17 @@ async def test_a_file_there_is_kept_unless_overwrite(
 
 
 @pytest.mark.parametrize(
-    "path", ["a/%2E%2E/b.csv", "a//b.csv", "%2E/b.csv", "folder/", "a/%2e/b", "%2E%2E/acme/x.csv"]
+    "path",
+    [
+        "a/%2E%2E/b.csv",
+        "a//b.csv",
+        "%2E/b.csv",
+        "folder/",
+        "a/%2e/b",
+        "%2E%2E/acme/x.csv",
+        "a%03b.csv",
+        "%7F",
+    ],
 )
 @pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
 async def test_a_bad_path_is_422_naming_path_and_stores_nothing(
