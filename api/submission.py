@@ -154,6 +154,7 @@ def prepare(
             job_id=job_id,
             inline_max_bytes=state.settings.inline_max_bytes,
             staged=staged,
+            hashed=references.hashes_read(signature, key is not None),
         )
         prepared.append(
             jobs.NewJob(

@@ -35,6 +35,7 @@ from obstore.exceptions import BaseError, NotFoundError
 from obstore.store import LocalStore, S3Store
 
 from tffleet.errors import ServiceUnavailable
+from tffleet.objectstore import files
 
 # How long an S3 call may take to connect, and at most in all (a body of a GB included); a
 # failed call is tried again with a back-off for at most RETRY_S before StoreUnavailable.
@@ -96,10 +97,14 @@ class ObjectStore:
     """Objects under string keys ("tenant/uploads/<id>.npy"), in one store; see the module
     docstring. `url` is as configured (it holds no credentials: they come from the environment)."""
 
-    def __init__(self, url: str, store: Any, *, presigns: bool) -> None:
+    def __init__(
+        self, url: str, store: Any, *, presigns: bool, directory: Path | None = None
+    ) -> None:
         self.url = url
         self._store = store
         self.presigns = presigns  # S3 can hand out presigned URLs; a directory cannot
+        # A directory store's root: streams are written into it directly (`_stream_to_file`).
+        self._directory = directory
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r})"
@@ -116,20 +121,35 @@ class ObjectStore:
 
     async def put_stream_async(self, key: str, chunks: AsyncIterator[bytes]) -> int:
         """Write the chunks as they come (a multipart upload on S3: nothing is held whole);
-        returns the bytes written. An error leaves no object under the key."""
-        written = 0
+        returns the bytes written. An error leaves no object under the key. A directory
+        store's is written without obstore (tffleet/objectstore/files.py: a third of the CPU)."""
         try:
-            with _translated(key):
-                async with obstore.open_writer_async(
-                    self._store, key, buffer_size=PART_BYTES
-                ) as writer:
-                    async for chunk in _source(chunks):
-                        await writer.write(chunk)
-                        written += len(chunk)
+            if self._directory is not None and files.plain(key):
+                return await self._stream_to_file(key, chunks)
+            return await self._stream_to_writer(key, chunks)
         except _SourceFailed as failed:
             # The chunks' own error (a client that went away) is no fault of the store's.
             raise failed.error from None
+
+    async def _stream_to_writer(self, key: str, chunks: AsyncIterator[bytes]) -> int:
+        written = 0
+        with _translated(key):
+            async with obstore.open_writer_async(
+                self._store, key, buffer_size=PART_BYTES
+            ) as writer:
+                async for chunk in _source(chunks):
+                    await writer.write(chunk)
+                    written += len(chunk)
         return written
+
+    async def _stream_to_file(self, key: str, chunks: AsyncIterator[bytes]) -> int:
+        assert self._directory is not None
+        try:
+            return await files.write_stream(self._directory / key, _source(chunks))
+        except OSError as exc:  # the file system's: the chunks' come as _SourceFailed
+            raise StoreUnavailable(
+                f"object store: {type(exc).__name__}: {_first_line(exc)}"
+            ) from exc
 
     def delete(self, keys: Iterable[str]) -> None:
         """Delete these objects; a key with no object is no error (deleting is idempotent).
@@ -310,7 +330,7 @@ def open_store(url: str, *, retry_s: float = RETRY_S) -> ObjectStore:
     if where.directory is not None:
         directory = where.directory.resolve()
         directory.mkdir(parents=True, exist_ok=True)
-        return ObjectStore(url, LocalStore(directory), presigns=False)
+        return ObjectStore(url, LocalStore(directory), presigns=False, directory=directory)
     assert where.bucket is not None
     return ObjectStore(url, _s3(where.bucket, where.prefix, retry_s), presigns=True)
 

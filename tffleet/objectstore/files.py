@@ -1,0 +1,113 @@
+"""A stream written into a directory store (`file://`) without obstore.
+
+obstore's writer takes one call, and a hop to its runtime's threads and back, per chunk: a
+12.6 MB body in uvicorn's 64 KiB chunks cost 14 ms of CPU that way, 4 ms written here (the
+kernel's copy into the page cache, most of it). The file is laid out as obstore's LocalStore
+lays out its own (the key's path under the root, a staging file `<name>#<id>` beside it that
+its listings skip, renamed into place once whole), so every other call reads it through
+obstore as if obstore had written it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+# The chunks are written in batches of about this many bytes, one `writev` in a thread each:
+# few hops, and a request holds no more than this of its body.
+BATCH_BYTES = 2 * 1024 * 1024
+# ... or of this many chunks, well under the most one `writev` takes (IOV_MAX, 1024 on Linux).
+BATCH_CHUNKS = 256
+# Keys that LocalStore keeps under the same path on disk (it escapes other characters): those
+# `keys` makes. Others go through obstore's writer.
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.:-]+(/[A-Za-z0-9_.:-]+)*")
+
+
+def plain(key: str) -> bool:
+    """Whether `key` is written here: its path on disk is itself, climbing out of nothing."""
+    return _PLAIN_KEY.fullmatch(key) is not None and ".." not in key.split("/")
+
+
+class _StagedFile:
+    """A directory store's object written as obstore's LocalStore writes one: into a staging
+    file beside it (`<name>#<id>`, which its listings skip), renamed into place once whole, so
+    no reader sees part of it. Its calls run in threads; `abandon` (on the event loop, after a
+    cancellation, say) waits for a call in flight before it closes the file, whose number
+    would otherwise be free for another file while that write still goes on, and a call that
+    starts after it does nothing."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.staging = path.with_name(f"{path.name}#{uuid.uuid4().hex}")
+        self._fd: int | None = None
+        self._abandoned = False
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        with self._lock:
+            if self._abandoned:
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            self._fd = os.open(self.staging, flags, 0o666)  # as LocalStore's: less the umask
+
+    def write(self, buffers: list[bytes]) -> None:
+        """Write the buffers whole: `writev` may write less than asked."""
+        with self._lock:
+            if self._fd is None:  # abandoned
+                return
+            views = [memoryview(buffer) for buffer in buffers]
+            while views:
+                done = os.writev(self._fd, views)
+                while views and done >= len(views[0]):
+                    done -= len(views.pop(0))
+                if done:
+                    views[0] = views[0][done:]
+
+    def commit(self) -> None:
+        with self._lock:
+            if self._fd is None:  # abandoned
+                return
+            fd, self._fd = self._fd, None
+            os.close(fd)
+            os.replace(self.staging, self.path)
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                self.staging.unlink()
+
+
+async def write_stream(path: Path, chunks: AsyncIterator[bytes]) -> int:
+    """Write the chunks to `path` as they come, gathered (not copied) into batches of
+    BATCH_BYTES, each written by one `writev` in a thread; returns the bytes written. An error
+    (the chunks' own, or the file system's OSError) leaves nothing under `path`."""
+    staged, written = _StagedFile(path), 0
+    try:
+        await asyncio.to_thread(staged.open)
+        batch: list[bytes] = []
+        size = 0
+        async for chunk in chunks:
+            batch.append(chunk)
+            size += len(chunk)
+            if size >= BATCH_BYTES or len(batch) >= BATCH_CHUNKS:
+                await asyncio.to_thread(staged.write, batch)
+                written, batch, size = written + size, [], 0
+        if batch:
+            await asyncio.to_thread(staged.write, batch)
+            written += size
+        await asyncio.to_thread(staged.commit)
+    except BaseException:
+        staged.abandon()
+        raise
+    return written
