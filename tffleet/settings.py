@@ -43,9 +43,9 @@ class Settings(BaseSettings):
     # Inputs and outputs larger than this (bytes, as `.npy`) live in the object store, their job
     # holding a reference to them; smaller ones are kept inline in the database.
     inline_max_bytes: int = Field(default=256 * 1024, ge=0)
-    # The largest .npy body streamed into the store, never held (POST /v1/uploads, and a large
-    # .npy job body; 413 past it), and how long an upload is kept (longer while a job that names
-    # it keeps its inputs).
+    # The largest body streamed into the store, never held (POST /v1/uploads, a large .npy job
+    # body, a dataset file's PUT /v1/datasets/{path}; 413 past it), and how long an upload is
+    # kept (longer while a job that names it keeps its inputs).
     max_upload_bytes: int = Field(default=2 * 1024**3, gt=0)
     upload_ttl_s: float = Field(default=24 * 3600.0, gt=0)
     # How long an object may take to arrive (an upload, a large input) before its row is
