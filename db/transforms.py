@@ -99,7 +99,10 @@ def shard_finished(
     # the transform's list of files leaves out (db.transform_control.running).
     session.execute(update(_jobs).where(_jobs.c.id == job_id).values(samples_done=int(succeeded)))
     if row.status == TransformStatus.QUEUED.value:
-        values |= {"status": TransformStatus.RUNNING.value, "started_at": _started(session, row)}
+        values |= {
+            "status": TransformStatus.RUNNING.value,
+            "started_at": _started(session, row, now),
+        }
     session.execute(update(_transforms).where(_transforms.c.id == transform_id).values(**values))
     return _end_if_done(session, transform_id, now)
 
@@ -167,6 +170,7 @@ def _lock(session: Session, transform_id: str) -> Any:
     """The transform's row, locked for this transaction (SQLite: one writer at a time)."""
     return session.execute(
         select(
+            _transforms.c.id,
             _transforms.c.status,
             _transforms.c.shards_done,
             _transforms.c.started_at,
@@ -176,8 +180,17 @@ def _lock(session: Session, transform_id: str) -> Any:
     ).one_or_none()
 
 
-def _started(session: Session, row: Any) -> datetime | None:
-    return row.started_at or clock.now(session)
+def _started(session: Session, row: Any, now: datetime) -> datetime:
+    """When the transform started, as its first shard's end records it: its first shard's
+    claim (what the view shows while it runs), never later than `now`, the time its end (and
+    perhaps the transform's `finished_at`) is written with; a clock read of its own here would
+    come after `now` and make a one-shard transform start after it finished."""
+    if row.started_at is not None:
+        return min(row.started_at, now)
+    first = session.scalar(
+        select(func.min(_jobs.c.started_at)).where(_jobs.c.transform_id == row.id)
+    )
+    return now if first is None else min(first, now)
 
 
 def _end_if_done(session: Session, transform_id: str, now: datetime) -> bool:

@@ -152,6 +152,21 @@ def test_shards_that_finish_add_their_counts_and_the_last_ends_it(sessions: Sess
     assert delivery.job_status == "succeeded"
 
 
+def test_a_one_shard_transform_starts_at_its_shards_claim_and_never_after_it_ends(
+    sessions: Sessions,
+) -> None:
+    transform_id, shard_ids = create(sessions, new_transform([5]))
+    (lease,) = claim(sessions, shard_ids)
+    assert finish(sessions, lease, transform_id, 5, 0)
+    with sessions() as session:
+        transform = transform_control.get(session=session, transform_id=transform_id)
+        shard = session.get(Job, shard_ids[0])
+        assert shard is not None and shard.started_at is not None
+        assert transform.started_at is not None and transform.finished_at is not None
+        assert transform.started_at == shard.started_at
+        assert transform.started_at <= transform.finished_at
+
+
 def test_a_late_or_foreign_result_counts_nothing(sessions: Sessions) -> None:
     transform_id, shard_ids = create(sessions, new_transform([10]))
     other_id, _ = create(sessions, new_transform([10]))
