@@ -15,6 +15,7 @@ from tests.datasets import files
 from tffleet.datasets import access, formats
 from tffleet.datasets.base import INDEX_EVERY, Batch, Column, DatasetError
 from tffleet.datasets.locations import Location
+from tffleet.datasets.text import SAMPLE_RECORDS
 
 Put = Callable[[str, bytes], Location]
 
@@ -118,6 +119,59 @@ def test_jsonl_index_ranges_and_bad_records(put: Put) -> None:
     # From the start, over the line that is no JSON.
     _, index, errors = gather(list(formats.read(where, "jsonl", 0, 8, info=info)), "x")
     assert index == [0, 1, 2, 3, 4, 6, 7] and errors[0][0] == 5
+
+
+def test_text_schemas_come_from_the_first_sample_records_and_later_misfits_are_bad_records(
+    put: Put,
+) -> None:
+    # Record 142 (past the sample, before the index's next point) holds another type; the
+    # schema is the first SAMPLE_RECORDS records', and record 142 is a bad record when read.
+    assert SAMPLE_RECORDS < 142 < INDEX_EVERY
+    lines = [orjson.dumps({"id": i, "x": [i, i + 1]}) for i in range(300)]
+    lines[142] = orjson.dumps({"id": 142, "x": ["a", "b"]})
+    lines[143] = orjson.dumps({"id": "143", "x": [1, 2]})
+    lines[144] = orjson.dumps({"id": 144.5, "x": [1, 2]})
+    where = put("lines/late.jsonl", b"\n".join(lines) + b"\n")
+    info = formats.inspect(where, "jsonl")
+    assert info.schema == {"id": Column("int64"), "x": Column("int64", (2,))}
+    batches = list(formats.read(where, "jsonl", 140, 150, ["x"], 4, key="id", info=info))
+    _, index, errors = gather(batches, "x")
+    assert index == [140, 141, 145, 146, 147, 148, 149]
+    assert [(i, reason) for i, reason in errors] == [
+        (142, "column 'x': not int64 (a JSON text value)"),
+        (143, "column 'id': not int64 (a JSON text value)"),
+        (144, "column 'id': not int64 (a JSON fractional value)"),
+    ]
+    rows = ["id,x"] + [f"{i},{i / 2}" for i in range(300)]
+    rows[1 + 142] = "142,not-a-number"
+    where = put("text/late.csv", ("\n".join(rows) + "\n").encode())
+    info = formats.inspect(where, "csv")
+    assert info.schema == {"id": Column("int64"), "x": Column("float64")}
+    _, index, errors = gather(list(formats.read(where, "csv", 140, 145, info=info)), "x")
+    assert index == [140, 141, 143, 144]
+    assert errors == [(142, "column 'x': 'not-a-number' is no float64")]
+
+
+def test_the_schema_sample_is_the_same_number_of_records_in_both_text_formats(
+    put: Put,
+) -> None:
+    # Record SAMPLE_RECORDS (the first past the sample) alone holds text: both formats keep
+    # their numeric schema.
+    lines = [orjson.dumps({"x": i}) for i in range(SAMPLE_RECORDS + 5)]
+    lines[SAMPLE_RECORDS] = orjson.dumps({"x": "text"})
+    where = put("lines/edge.jsonl", b"\n".join(lines) + b"\n")
+    assert formats.inspect(where, "jsonl").schema == {"x": Column("int64")}
+    rows = ["x"] + [str(i) for i in range(SAMPLE_RECORDS + 5)]
+    rows[1 + SAMPLE_RECORDS] = "text"
+    where = put("text/edge.csv", ("\n".join(rows) + "\n").encode())
+    assert formats.inspect(where, "csv").schema == {"x": Column("int64")}
+    # One record earlier, it is in the sample: both formats take the column as text.
+    lines[SAMPLE_RECORDS - 1] = orjson.dumps({"x": "text"})
+    where = put("lines/edge2.jsonl", b"\n".join(lines) + b"\n")
+    assert formats.inspect(where, "jsonl").schema == {"x": Column("string")}
+    rows[SAMPLE_RECORDS] = "text"
+    where = put("text/edge2.csv", ("\n".join(rows) + "\n").encode())
+    assert formats.inspect(where, "csv").schema == {"x": Column("string")}
 
 
 def test_csv_quoted_newlines_are_one_record(put: Put) -> None:

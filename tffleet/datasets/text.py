@@ -4,10 +4,13 @@ outside double quotes, so a quoted field may hold newlines, RFC 4180's `""` esca
 `inspect` scans the file once in windows for record boundaries and keeps the offset of every
 `INDEX_EVERY`-th record (`RecordIndex`); a shard's `read` starts at the offset sampled at or
 before its first record, so it reads at most that many records it does not need. A CSV's first
-record is its header (the column names); its values are int64, float64 or strings, as the first
-records show. A JSON Lines record is an object; a field's dtype and shape come from the first
-records. A record that does not parse, lacks a column or does not fit its dtype or shape is a bad
-record, reported with its number and reason.
+record is its header (the column names); its values are int64, float64 or strings. A JSON Lines
+record is an object; a field's dtype and shape come from the records. Both formats tell their
+schema from the file's first `SAMPLE_RECORDS` records (those that do not parse are skipped), no
+more: a file's schema is the same whatever its index's spacing. A later record that does not
+parse, lacks a column or does not fit its dtype or shape (text where the first records held
+numbers, a fraction in an int64 column) is a bad record at read time, reported with its number
+and reason; it never refuses the whole file.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from tffleet.datasets.base import (
 )
 from tffleet.datasets.locations import Location
 
-# How many of the first records tell a column's dtype and shape.
+# How many of a file's first records (CSV: after its header) tell its columns' dtypes and shapes.
 SAMPLE_RECORDS = 100
 _NEWLINE, _QUOTE = 10, 34
 
@@ -93,6 +96,18 @@ def _scan(location: Location, begin: int, end: int, *, quoted: bool) -> tuple[in
     return count, RecordIndex(every=INDEX_EVERY, offsets=tuple(sampled), end=end)
 
 
+def _first(
+    location: Location, begin: int, index: RecordIndex, *, quoted: bool
+) -> Iterator[tuple[int, bytes]]:
+    """The file's first `SAMPLE_RECORDS` records from `begin`, which its schema is told from:
+    the read ends at the index point past them, the records after them are not taken."""
+    found = records(location, begin, index.end_of(SAMPLE_RECORDS), quoted=quoted)
+    for number, (offset, record) in enumerate(found):
+        if number == SAMPLE_RECORDS:
+            return
+        yield offset, record
+
+
 # ─── CSV ────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -129,15 +144,13 @@ def inspect_csv(location: Location) -> FileInfo:
     names, begin = _csv_header(location)
     records_, index = _scan(location, begin, access.size(location), quoted=True)
     sample: list[list[str]] = []
-    for _, record in records(location, begin, index.end_of(SAMPLE_RECORDS), quoted=True):
+    for _, record in _first(location, begin, index, quoted=True):
         try:
             fields = _csv_fields(record)
         except (csv.Error, UnicodeDecodeError):
             continue
         if len(fields) == len(names):
             sample.append(fields)
-        if len(sample) == SAMPLE_RECORDS:
-            break
     schema = {name: Column(_guess([row[i] for row in sample])) for i, name in enumerate(names)}
     return FileInfo(records=records_, schema=schema, index=index)
 
@@ -183,7 +196,7 @@ def _json_column(values: list[Any]) -> Column:
 def inspect_jsonl(location: Location) -> FileInfo:
     records_, index = _scan(location, 0, access.size(location), quoted=False)
     sample: dict[str, list[Any]] = {}
-    for _, record in records(location, 0, index.end_of(SAMPLE_RECORDS), quoted=False):
+    for _, record in _first(location, 0, index, quoted=False):
         try:
             for name, value in _json_object(record).items():
                 sample.setdefault(name, []).append(value)
@@ -280,11 +293,7 @@ def _json_record(schema: dict[str, Column], wanted: list[str]) -> Any:
                 raise ValueError(f"column {name!r} is missing or null")
             column = schema[name]
             try:
-                value = found[name]
-                if column.dtype == "string":
-                    array = np.asarray(value, dtype=object)
-                else:
-                    array = np.asarray(value, dtype=column.dtype)
+                array = _json_value(found[name], column.dtype)
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"column {name!r}: not {column.dtype} ({exc})") from None
             if not _fits(array, column):
@@ -295,6 +304,27 @@ def _json_record(schema: dict[str, Column], wanted: list[str]) -> Any:
         return values
 
     return parse
+
+
+# The kinds of JSON value each dtype a sample tells (`_json_column`) takes: a later value of
+# another kind (text where numbers were, a fraction in an int64 column) is a bad record, never
+# cast (numpy would read "12" as 12 and truncate 1.5 to 1).
+_JSON_KINDS = {"bool": "b", "int64": "iub", "float64": "iufb"}
+
+
+def _json_value(value: Any, dtype: str) -> np.ndarray:
+    if dtype == "string":
+        return np.asarray(value, dtype=object)
+    found = np.asarray(value)
+    if found.dtype.kind not in _JSON_KINDS.get(dtype, found.dtype.kind):
+        raise ValueError(f"a JSON {_kind_name(found)} value")
+    return found.astype(dtype, copy=False)
+
+
+def _kind_name(array: np.ndarray) -> str:
+    return {"b": "bool", "i": "integer", "u": "integer", "f": "fractional"}.get(
+        array.dtype.kind, "text" if array.dtype.kind == "U" else "mixed"
+    )
 
 
 def _batch(
