@@ -92,7 +92,9 @@ class TransformCreate(BaseModel):
         default=None,
         ge=1,
         le=65_536,
-        description="Records per forward pass; default the model's `max_batch_size`.",
+        description="Records a shard reads and maps at a time (one batch of its input "
+        "pipeline); each forward pass runs at most the model's `max_batch_size` of them. "
+        "Default: the model's `max_batch_size`.",
     )
     priority: int | None = Field(
         default=None,

@@ -20,6 +20,7 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.transform_schemas import TransformCreate
 from db import jobs, tenants, transforms
 from db.models import Job, Transform, WebhookDelivery
 from tests.api.conftest import Api, OpenApi, queued_messages
@@ -368,3 +369,11 @@ async def test_the_console_lists_the_latest_transforms_with_their_progress(
     assert (shown["id"], shown["tenant"], shown["status"]) == (transform_id, "acme", "running")
     assert shown["progress"] == 0.2 and shown["shards"]["running"] == 1
     assert shown["started_at"] is not None
+
+
+def test_batch_records_is_said_to_be_records_read_at_a_time_not_a_forward_pass() -> None:
+    # The worker reads `batch_records` at a time and runs the model in chunks of at most its
+    # `max_batch_size` (worker/transform.py): the reference must not promise larger passes.
+    field = TransformCreate.model_json_schema()["properties"]["batch_records"]
+    assert "at most the model's `max_batch_size`" in field["description"]
+    assert "per forward pass" not in field["description"].lower()
