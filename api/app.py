@@ -18,6 +18,7 @@ from api.admission import Admission
 from api.auth import Authenticator
 from api.autoscaling import AutoscalingCollector
 from api.ingest import Ingestor, JobReader
+from api.memory import keep_freed_memory
 from api.metrics import REQUESTS_REJECTED, exposition
 from api.protocols.oip import routes as oip
 from api.protocols.tfserving import routes as tfserving
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        keep_freed_memory()  # large bodies without a page fault per page (api/memory.py)
         # Enough connections for every threadpool worker: an overflow connection is opened and
         # closed per use, which costs more than the query on SQLite.
         engine = make_engine(settings.database_url, pool_size=20, max_overflow=40)
