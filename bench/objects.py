@@ -12,9 +12,10 @@ run through a fleet, and how little the database grows, side by side in one run.
     lean keep-alive connection (`bench/rawhttp.py`); the ways interleaved round by round and the
     API's CPU read from /proc around each batch, less a quiet spell, as `bench.transport` does.
 (2) 16 CNN jobs of 256 images on a fleet (`tffleet api` + `tffleet worker` on cpu:1, SQLite, a
-    file:// store): inputs uploaded beforehand and submitted as JSON by reference from the lean
-    client, and through `tffleet.Client` with plain arrays (it uploads each itself); samples/s
-    from the first submit to the last result, against the in-process call at its best batch.
+    file:// store, the CNN's max_batch_size the in-process call's best batch): inputs uploaded
+    beforehand and submitted as JSON by reference from the lean client, and through
+    `tffleet.Client` with plain arrays (it uploads each itself); samples/s from the first submit
+    to the last result, against the in-process call at its best batch.
 (3) The database's growth per job of (2): its live pages (page_count less the free list, WAL
     included) before and after, and what the jobs' rows hold.
 
@@ -458,6 +459,10 @@ def fleet_figures(
     rates = {batch: call(batch)[0] for batch in (32, 64, 128)}
     batch = max(rates, key=rates.__getitem__)
     print(f"    {rates}", file=sys.stderr, flush=True)
+    # The fleet's CNN batches as the in-process call at its best does (bench.run's model.toml
+    # says 32, tuned on another machine): an operator sets max_batch_size so, and the ratio
+    # then measures the fleet, not a batch the in-process call does not run.
+    (repository / "cnn" / "model.toml").write_text(f"max_batch_size = {batch}\n")
     print(f"... (2) {JOBS} CNN jobs through a fleet, in turns", file=sys.stderr, flush=True)
     figures = run_fleet(work, repository, redis_url, env, call, rounds=rounds, batch=batch)
     return {**figures, "batches": rates, "batch": batch}
