@@ -74,6 +74,14 @@ def test_a_failure_mid_part_leaves_no_part(settings: Settings, format: str) -> N
     assert bytes(where.store.get(where.key)) == before
 
 
+@pytest.mark.parametrize("format", ["parquet", "jsonl", "npy"])
+def test_a_part_of_no_batch_is_no_part(settings: Settings, format: str) -> None:
+    # A shard whose records were all bad has no outputs: no file, empty or not, in any format.
+    where = part(settings, f"part-00002.{format}")
+    assert write_part(where, format, []) == 0
+    assert where.store.size(where.key) is None
+
+
 def test_the_errors_file(settings: Settings) -> None:
     where = part(settings, "errors-00000.jsonl")
     errors = [(3, b"k3", "column 'x': NaN or infinity"), (np.int64(7), None, "not an object")]

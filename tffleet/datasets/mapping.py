@@ -121,7 +121,8 @@ def _whole(
     if values.shape[1:] != shape and -1 not in shape:
         values = values.reshape((len(values), *shape))
     if values.dtype.kind == "f":
-        finite = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+        # Over each record's values (a batch of no good record too: reshape(0, -1) raises).
+        finite = np.isfinite(values).all(axis=tuple(range(1, values.ndim)))
         for i in np.flatnonzero(~finite & keep).tolist():
             reasons[i] = f"column {column!r}: NaN or infinity"
         keep &= finite

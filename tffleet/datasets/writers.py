@@ -7,11 +7,15 @@ runs again writes its part afresh and no reader ever sees half of one.
 
 Parquet and JSON Lines parts are streamed batch by batch; an .npy part's header holds its row
 count, so its batches are held until the last (a shard's outputs, not the dataset's).
+
+A part of no batch is no part, in every format: nothing is written (a shard whose records were
+all bad leaves its errors file alone; the transform's file listings name no part of it).
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,8 +35,14 @@ ROW_GROUP_RECORDS = 64 * 1024
 
 def write_part(location: Location, format: str, batches: Iterable[dict[str, np.ndarray]]) -> int:
     """Write the batches (columns by name, rows first, the same columns in each) as one part in
-    `format` (parquet, jsonl, npy: one column only); returns the records written."""
+    `format` (parquet, jsonl, npy: one column only); returns the records written. No batch: no
+    part is written (an empty file has no schema to give), and 0 is returned."""
     check_format(format, output=True)
+    given = iter(batches)
+    first = next(given, None)
+    if first is None:
+        return 0
+    batches = itertools.chain([first], given)
     if format == "npy":
         return _npy(location, batches)
     written = 0
@@ -51,8 +61,6 @@ def write_part(location: Location, format: str, batches: Iterable[dict[str, np.n
                     parquet = pq.ParquetWriter(sink, table.schema)
                 parquet.write_table(table, row_group_size=ROW_GROUP_RECORDS)
                 written += table.num_rows
-            if parquet is None:
-                raise ValueError("a Parquet part of no batch has no schema")
         finally:
             if parquet is not None:
                 parquet.close()
@@ -119,8 +127,6 @@ def _npy(location: Location, batches: Iterable[dict[str, np.ndarray]]) -> int:
         if len(batch) != 1:
             raise ValueError(f"an .npy part holds one column, not {sorted(batch)}")
         arrays.append(np.ascontiguousarray(next(iter(batch.values()))))
-    if not arrays:
-        raise ValueError("an .npy part of no batch has no shape")
     whole = np.concatenate(arrays)
     header = np.lib.format.header_data_from_array_1_0(whole)
     with access.writer(location) as file:
