@@ -14,8 +14,10 @@ was canceled, or the job taken back) stops it there, leaving no part.
 
 A record that cannot be used (the reader's or the mapping's: a null, a wrong size, NaN) goes to
 the errors file; so does one that makes the model raise (a batch that raises runs record by
-record to find it); the rest of the shard goes on. Once every batch is in, the part is completed,
-then the errors file written (only where there were bad records), then in one transaction the
+record to find it); the rest of the shard goes on. Once every batch is in, the part is completed
+(none where no record was good), then the errors file written (only where there were bad
+records; a part or errors file an earlier attempt left that this one has not is deleted, so a
+rerun never leaves a stale errors file beside its new part), then in one transaction the
 job completes with its counts as outputs and they are counted into its transform
 (`db.transforms.shard_finished`). Where it ends instead (worker/retry.py maps it with the rest):
 
@@ -150,9 +152,7 @@ class ShardRunner:
             self.on_busy(tally.busy_s)
         if tally.written == 0 and tally.model_failures:
             raise _ShardFailed(JobErrorCode.MODEL_ERROR, tally.first_failure)
-        if tally.errors:
-            tally.errors.sort(key=lambda error: error[0])
-            writers.write_errors(spec.errors, tally.errors)
+        _replace_earlier_attempt(spec, tally)
         report.written = self._complete(lease, spec, tally)
         report.succeeded = report.written
 
@@ -295,6 +295,24 @@ class ShardRunner:
         self.notify([lease.job_id])
         log.warning("shard job %s failed %s: %s", lease.job_id, code.value, message)
         return failed
+
+
+def _replace_earlier_attempt(spec: ShardSpec, tally: _Tally) -> None:
+    """Write the shard's errors file (its bad records in record order: the reader's, the
+    mapping's and the model's were gathered apart), and delete what an earlier attempt (a
+    worker killed after it wrote, before its shard completed) left that this one did not write:
+    its part where this attempt had no good record, its errors file where it had no bad one.
+    The shard's files are then this attempt's alone, never a stale errors file beside a part."""
+    stale = []
+    if tally.written == 0:
+        stale.append(spec.part)
+    if tally.errors:
+        tally.errors.sort(key=lambda error: error[0])
+        writers.write_errors(spec.errors, tally.errors)
+    else:
+        stale.append(spec.errors)
+    for location in stale:
+        location.store.delete([location.key])
 
 
 def _rows(spec: ShardSpec, carried: np.ndarray, outputs: Arrays) -> Arrays:
