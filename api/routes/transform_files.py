@@ -4,8 +4,10 @@ A transform writes its parts where its output URI says (DESIGN §14): the fleet'
 `tffleet://transforms/<id>/` by default, or a `file://` or `s3://` prefix the operator allows. A
 client has no access to the first at all, and need not have to the others: these routes list
 what the transform wrote there (its parts `part-<shard>.<ext>`, and `errors/part-<shard>.jsonl`
-for shards with bad records; nothing else that lies beside them) and stream one file from the
-store chunk by chunk, never holding it whole, as the outputs route streams a job's output.
+for shards with bad records; nothing else that lies beside them, such as the staging file that
+a worker killed mid-write leaves in a `file://` output, `part-00000.parquet#1`) and stream one
+file from the store chunk by chunk, never holding it whole, as the outputs route streams a
+job's output.
 """
 
 from __future__ import annotations

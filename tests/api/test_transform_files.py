@@ -121,3 +121,24 @@ async def test_another_tenants_transform_is_404_an_admin_reads_it(
         "/v1/transforms/0190c2d4-aaaa-7000-8000-000000000001/files"
     )
     assert unknown.status_code == 404
+
+
+async def test_staging_leftovers_of_a_killed_writer_are_never_listed_or_served(
+    store_api: Api, tmp_path: Path
+) -> None:
+    # A worker killed mid-write leaves obstore's staging file (`<name>#<n>`) beside the part in
+    # a file:// output; the part, once written whole, replaces nothing of it.
+    out = tmp_path / "allowed" / "out"
+    transform = await create(store_api, output=f"{out.as_uri()}/")
+    (out / "errors").mkdir(parents=True)
+    (out / "part-00000.jsonl#1").write_bytes(b'{"index":0')
+    (out / "part-00001.jsonl#0a1b2c").write_bytes(b"")
+    (out / "errors" / "part-00001.jsonl#2").write_bytes(b'{"index":5')
+    (out / "part-00001.jsonl").write_bytes(b'{"index":4}\n')
+    base = f"/v1/transforms/{transform['id']}/files"
+    assert (await store_api.client.get(base)).json()["files"] == [
+        {"name": "part-00001.jsonl", "kind": "part"}
+    ]
+    for name in ("part-00000.jsonl%231", "errors/part-00001.jsonl%232"):
+        missing = await store_api.client.get(f"{base}/{name}")
+        assert missing.status_code == 404, (name, missing.text)
