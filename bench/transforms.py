@@ -289,6 +289,7 @@ class Scaled:
     split: tuple[int, ...]
     records: int
     seconds: float
+    children: int  # how many children ran one of its shards
 
     @property
     def rate(self) -> float:
@@ -336,6 +337,8 @@ def scaling_rounds(work: Path, args: argparse.Namespace) -> list[Scaled]:
 
 
 def _scaled(fleet: Any, client: Any, n: int, records: int, args: argparse.Namespace) -> Scaled:
+    from sqlalchemy import text
+
     from bench import scaling
 
     split = scaling.split_children(n)
@@ -355,7 +358,25 @@ def _scaled(fleet: Any, client: Any, n: int, records: int, args: argparse.Namesp
     if not done.ok or done.records_succeeded != records:
         raise RuntimeError(f"N={n}: the transform ended {done.status}: {done.to_dict()}")
     assert done.finished_at is not None
-    return Scaled(n, split, records, (done.finished_at - done.created_at).total_seconds())
+    with fleet.engine.connect() as conn:  # a job's `worker` is "<child> task <task id>"
+        shards = conn.execute(
+            text("SELECT worker, started_at, finished_at FROM jobs WHERE transform_id = :id "
+                 "ORDER BY started_at"), {"id": done.id}
+        ).all()  # fmt: skip
+    names: dict[str, int] = {}
+    for worker, began, ended in shards:  # where the time went, on the database's clock
+        child = names.setdefault(worker.split(" task ", 1)[0], len(names))
+        _progress(f"N={n}: child {child} ran a shard from {_since(done, began):.2f} s to "
+                  f"{_since(done, ended):.2f} s after the create")  # fmt: skip
+    seconds = (done.finished_at - done.created_at).total_seconds()
+    children = len(names)
+    return Scaled(n, split, records, seconds, children)
+
+
+def _since(transform: Any, at: Any) -> float:
+    """Seconds from the transform's create to `at` (a naive UTC time of the database)."""
+    created = transform.created_at.replace(tzinfo=None)
+    return float((at.replace(tzinfo=None) - created).total_seconds())
 
 
 # The report
@@ -393,7 +414,7 @@ def scaling_rows(rounds: list[Scaled], args: argparse.Namespace) -> list[tuple[s
     for r in rounds:
         print(f"  N={r.n} ({'+'.join(map(str, r.split))}): {r.records} records in "
               f"{r.seconds:.1f} s, {r.rate:.0f} records/s ({r.rate / (r.n * bound):.2f} of the "
-              "device bound)")  # fmt: skip
+              f"device bound); its shards ran on {r.children} of {r.n} children")  # fmt: skip
         if one is not None and r.n > 1:
             rows.append((f"(3) N={r.n} vs N x one child", r.rate / (r.n * one.rate), ">= 0.9"))
     return rows
