@@ -21,9 +21,10 @@ from sqlalchemy.orm import Session
 from db import clock, jobs, webhooks
 from db.ids import new_job_id
 from db.models import Job, JobInput, JobStatus, Transform, TransformStatus
+from db.transform_keys import find_keyed, insert_unless_key_taken
 from db.transform_views import Running, part_uri, shard_errors_uri, transform_out
 from db.transforms import pack_shard_spec
-from tffleet.errors import Conflict, InvalidRequest, NotFound
+from tffleet.errors import Conflict, InvalidRequest, NotFound, ServiceUnavailable
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
 _inputs: Table = JobInput.__table__  # type: ignore[assignment]
@@ -74,11 +75,18 @@ class NewTransform:
     webhook: str | None = None
     webhook_events: int | None = None
     id: str | None = None  # made here unless the caller needed it first (its default output)
+    # Set together: its request's Idempotency-Key and that request's hash (`find_keyed`).
+    idempotency_key: str | None = None
+    request_hash: str | None = None
 
 
 def create(*, session: Session, new: NewTransform) -> tuple[Transform, list[str]]:
     """Insert the transform and one queued job per shard (their inputs: shard specs); returns
-    the transform and its shard job ids, to publish once the transaction commits."""
+    the transform and its shard job ids, to publish once the transaction commits.
+
+    A keyed transform whose key the tenant used already (a request racing this one with the
+    same key, committed first) is not inserted: the stored one is returned with no shard ids,
+    or `IdempotencyKeyReused` raised (`find_keyed`)."""
     now = clock.now(session)
     transform_id = new.id or new_job_id()
     shards = plan_shards([int(f["info"]["records"]) for f in new.files], new.shard_records)
@@ -102,8 +110,12 @@ def create(*, session: Session, new: NewTransform) -> tuple[Transform, list[str]
         "webhook": new.webhook,
         "webhook_events": new.webhook_events,
         "created_at": now,
+        "idempotency_key": new.idempotency_key,
+        "request_hash": new.request_hash,
     }
-    session.execute(insert(_transforms), [row])
+    stored = _insert(session, new, row)
+    if stored is not None:  # its key's request, stored before: nothing is added
+        return stored, []
     job_rows, input_rows = shard_jobs(new, transform_id, shards, now)
     if job_rows:
         session.execute(insert(_jobs), job_rows)
@@ -117,6 +129,24 @@ def create(*, session: Session, new: NewTransform) -> tuple[Transform, list[str]
         if webhooks.wants(new.webhook_events, webhooks.Event.COMPLETED):
             webhooks.record_transform(session=session, transform_id=transform_id, at=now)
     return get(session=session, transform_id=transform_id), [r["id"] for r in job_rows]
+
+
+def _insert(session: Session, new: NewTransform, row: dict[str, Any]) -> Transform | None:
+    """Insert the transform's row; for a keyed one whose key is taken, insert nothing and
+    return the transform stored under it (or raise, `find_keyed`)."""
+    key = new.idempotency_key
+    if key is None:
+        session.execute(insert(_transforms), [row])
+        return None
+    statement = insert_unless_key_taken(session).values(row).returning(_transforms.c.id)
+    if session.scalar(statement) is not None:
+        return None
+    stored = find_keyed(session=session, tenant=new.tenant, key=key, request_hash=new.request_hash)
+    if stored is None:  # deleted between the INSERT and the SELECT
+        raise ServiceUnavailable(
+            f"Idempotency-Key {key!r}: its transform was deleted while this request ran; try again"
+        )
+    return stored
 
 
 def shard_jobs(

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import hashlib
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
@@ -25,10 +28,10 @@ from api.ids import JobId
 from api.metrics import PUBLISH_FAILURES
 from api.schemas import error_responses, json_response
 from api.state import AppState, StateDep
-from api.submission import field_errors
+from api.submission import field_errors, idempotency_key
 from api.transform_schemas import TransformCreate, TransformList, TransformOut
 from api.transform_submit import prepare
-from db import clock, transform_control
+from db import clock, transform_control, transform_keys
 from db.models import Job, JobStatus, TransformStatus
 from db.tenants import Caller
 from db.transform_control import NewTransform, plan_shards
@@ -52,8 +55,14 @@ async def submit(request: Request, state: StateDep) -> Response:
     The input's files are inspected and their columns checked against the model's signature
     before anything is stored (422 naming the column); then the transform and one job per
     shard (`shard_records` records of one file) are stored together and the shards run as
-    other jobs do, at a priority below interactive jobs unless `priority` says otherwise."""
+    other jobs do, at a priority below interactive jobs unless `priority` says otherwise.
+
+    With an `Idempotency-Key` header, the same request sent again (a retry after a lost
+    answer) gets the transform the first one stored, as it is now (`Idempotent-Replayed:
+    true`), and nothing is inspected or stored again; another request under the same key is
+    409 `idempotency_key_reused`."""
     caller = await state.auth(request)
+    key = idempotency_key(request.headers.get("idempotency-key"))
     body = await read_json(
         request, max_bytes=state.settings.max_body_bytes, max_items=state.settings.max_json_items
     )
@@ -61,11 +70,20 @@ async def submit(request: Request, state: StateDep) -> Response:
         spec = TransformCreate.model_validate(body)
     except ValidationError as exc:
         raise InvalidInput(field_errors(exc)) from None
+    digest = _request_hash(spec) if key is not None else None
+    if key is not None:
+        stored = await run_in_threadpool(_keyed, state, caller, key, digest)
+        if stored is not None:
+            return _answer(stored, key, replayed=True)
     limits = await state.admission.limits(caller.tenant)
     new = await run_in_threadpool(prepare, state, caller, limits, spec)
+    new = dataclasses.replace(new, idempotency_key=key, request_hash=digest)
     shards = len(plan_shards([f["info"]["records"] for f in new.files], new.shard_records))
     await state.admission.admit(shards, tenant=caller.tenant, limits=limits)
     out, shard_ids = await run_in_threadpool(_create, state, new)
+    if out["id"] != new.id:  # a request with the same key stored it while this one ran
+        stored_out, _ = await run_in_threadpool(read, state, caller, out["id"])
+        return _answer(stored_out, key, replayed=True)
     if shard_ids:  # after the commit: a wake-up never names a row that is not committed
         published = await run_in_threadpool(
             functools.partial(
@@ -74,7 +92,32 @@ async def submit(request: Request, state: StateDep) -> Response:
         )
         if not published:
             PUBLISH_FAILURES.inc()
-    return json_response(out, 202)
+    return _answer(out, key, replayed=False)
+
+
+def _request_hash(spec: TransformCreate) -> str:
+    """sha256 of the request as validated (its fields in a fixed order, defaults filled): what
+    a request sent again under the same Idempotency-Key must match."""
+    canonical = orjson.dumps(spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def _keyed(state: AppState, caller: Caller, key: str, digest: str | None) -> dict[str, Any] | None:
+    """The transform the caller's tenant stored under `key`, as shown now; None if none is."""
+    with state.reads() as session:
+        stored = transform_keys.find_keyed(
+            session=session, tenant=caller.tenant, key=key, request_hash=digest
+        )
+        stored_id = None if stored is None else stored.id
+    return None if stored_id is None else read(state, caller, stored_id)[0]
+
+
+def _answer(out: dict[str, Any], key: str | None, *, replayed: bool) -> Response:
+    """202 with the transform; a keyed request's answer says whether it was stored before."""
+    response = json_response(out, 202)
+    if key is not None:
+        response.headers["Idempotent-Replayed"] = "true" if replayed else "false"
+    return response
 
 
 def _create(state: AppState, new: NewTransform) -> tuple[dict[str, Any], list[str]]:

@@ -7,7 +7,16 @@ import enum
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from db.models.base import Base, UTCDateTime
@@ -64,6 +73,12 @@ class Transform(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Its request's `Idempotency-Key` (unique per tenant) and the sha256 of what it asked for,
+    # which a request sent again under that key must match (api/routes/transforms.py).
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
 
-    # A tenant's listing, newest first.
-    __table_args__ = (Index("ix_transforms_tenant_id", "tenant", "id"),)
+    __table_args__ = (
+        Index("ix_transforms_tenant_id", "tenant", "id"),  # a tenant's listing, newest first
+        UniqueConstraint("tenant", "idempotency_key", name="uq_transforms_tenant_idempotency_key"),
+    )

@@ -371,6 +371,43 @@ async def test_the_console_lists_the_latest_transforms_with_their_progress(
     assert shown["started_at"] is not None
 
 
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+async def test_an_idempotency_key_sent_again_gets_the_transform_it_stored(
+    store_api: Api, object_store: ObjectStore, broker: redis.Redis
+) -> None:
+    object_store.put("default/datasets/set/a.parquet", parquet(25))
+    keyed = {"Idempotency-Key": "transform-1"}
+    first = await store_api.client.post("/v1/transforms", json=body(), headers=keyed)
+    assert first.status_code == 202, first.text
+    assert first.headers["Idempotent-Replayed"] == "false"
+    transform_id = first.json()["id"]
+    assert counts(store_api.sessions) == (1, 3)
+    play_worker(store_api.sessions, transform_id)
+    # The answer was lost; the client sends it again (its keys in another order): the same
+    # transform as it is now, nothing stored or published again.
+    again = {"shard_records": 10, **body()}
+    replay = await store_api.client.post("/v1/transforms", json=again, headers=keyed)
+    assert replay.status_code == 202, replay.text
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.json()["id"] == transform_id and replay.json()["status"] == "succeeded"
+    assert counts(store_api.sessions) == (1, 3)
+    assert len(queued_messages(broker, queue_for("mlp"))) <= 3
+    # The same key with another request: 409, nothing stored.
+    other = await store_api.client.post("/v1/transforms", json=body(shard_records=5), headers=keyed)
+    assert other.status_code == 409, other.text
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+    assert "Idempotency-Key 'transform-1'" in other.json()["error"]["message"]
+    assert counts(store_api.sessions) == (1, 3)
+    # A key is no key at all: 400 naming the header; without a key, a second transform.
+    bad = await store_api.client.post(
+        "/v1/transforms", json=body(), headers={"Idempotency-Key": "a b"}
+    )
+    assert bad.status_code == 400 and "Idempotency-Key" in bad.json()["error"]["message"]
+    plain = await store_api.client.post("/v1/transforms", json=body())
+    assert plain.status_code == 202 and "Idempotent-Replayed" not in plain.headers
+    assert plain.json()["id"] != transform_id and counts(store_api.sessions) == (2, 6)
+
+
 def test_batch_records_is_said_to_be_records_read_at_a_time_not_a_forward_pass() -> None:
     # The worker reads `batch_records` at a time and runs the model in chunks of at most its
     # `max_batch_size` (worker/transform.py): the reference must not promise larger passes.

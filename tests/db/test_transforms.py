@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs, tenants, transform_control, transforms, webhooks
 from db.models import DEFAULT_TENANT, Job, JobErrorCode, JobStatus, WebhookDelivery
 from db.transform_views import transform_out
 from tffleet import tensors
-from tffleet.errors import Conflict, NotFound
+from tffleet.errors import Conflict, IdempotencyKeyReused, NotFound
 
 Sessions = sessionmaker[Session]
 
@@ -165,6 +165,25 @@ def test_a_one_shard_transform_starts_at_its_shards_claim_and_never_after_it_end
         assert transform.started_at is not None and transform.finished_at is not None
         assert transform.started_at == shard.started_at
         assert transform.started_at <= transform.finished_at
+
+
+def test_a_keyed_transform_is_stored_once_and_its_key_bound_to_its_request(
+    sessions: Sessions,
+) -> None:
+    # Two requests under one key that both passed the API's look-up (a race): the second
+    # stores nothing and gets the first's transform; another request's hash is refused.
+    keyed = {"idempotency_key": "k1", "request_hash": "a" * 64}
+    first_id, shard_ids = create(sessions, new_transform([20], id="t-first", **keyed))
+    again_id, again_shards = create(sessions, new_transform([20], id="t-again", **keyed))
+    assert (first_id, len(shard_ids)) == ("t-first", 2)
+    assert (again_id, again_shards) == ("t-first", [])
+    with pytest.raises(IdempotencyKeyReused, match="Idempotency-Key 'k1'"):
+        create(sessions, new_transform([20], id="t-other", idempotency_key="k1",
+                                       request_hash="b" * 64))  # fmt: skip
+    other_tenant, _ = create(sessions, new_transform([20], id="t-acme", tenant="acme", **keyed))
+    assert other_tenant == "t-acme", "keys are per tenant"
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Job)) == 4
 
 
 def test_a_late_or_foreign_result_counts_nothing(sessions: Sessions) -> None:
