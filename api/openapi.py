@@ -143,3 +143,5 @@ STATUS = {
     }
 }
 RETRY = {"parameters": [_CANCEL_AFTER_PARAMETER]}
+# POST /v1/transforms: the same key and request again, the same transform.
+TRANSFORM_SUBMIT = {"parameters": [_IDEMPOTENCY_KEY_PARAMETER]}

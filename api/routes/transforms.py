@@ -23,6 +23,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from sqlalchemy import select
 
+from api import openapi
 from api.body import read_json
 from api.ids import JobId
 from api.metrics import PUBLISH_FAILURES
@@ -47,7 +48,8 @@ _UNFINISHED = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
     "",
     status_code=202,
     response_model=TransformOut,
-    responses=error_responses(400, 404, 413, 415, 422, 429, 503),
+    responses=error_responses(400, 404, 409, 413, 415, 422, 429, 503),
+    openapi_extra=openapi.TRANSFORM_SUBMIT,
 )
 async def submit(request: Request, state: StateDep) -> Response:
     """Run a model over every record of some files: 202 with the transform, `queued`.
