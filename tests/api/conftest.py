@@ -274,7 +274,7 @@ def finish_later(sessions: Sessions) -> Iterator[Callable[..., threading.Thread]
         raise errors[0]
 
 
-def _until_subscribed(redis_url: str, timeout_s: float = 5.0) -> None:
+def _until_subscribed(redis_url: str, timeout_s: float = 30.0) -> None:
     """The API subscribes in the background at startup: do not announce into the void."""
     deadline = time.monotonic() + timeout_s
     with redis.Redis.from_url(redis_url) as client:

@@ -379,7 +379,8 @@ async def test_past_the_wait_the_answer_is_504_naming_a_job_of_the_callers_tenan
         response = await api.client.post(
             "/v1/models/mlp:predict", json={"instances": [[1, 2, 3, 4]]}, headers=acme
         )
-        assert 0.25 <= time.monotonic() - started < 2
+        # It waited out protocol_wait_s, and did not hang (a bound loose enough for a loaded host).
+        assert 0.25 <= time.monotonic() - started < 30
 
         assert response.status_code == 504
         (job_id,) = [j.id for j in _jobs(sessions)]
