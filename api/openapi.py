@@ -11,11 +11,12 @@ from typing import Any
 from fastapi import FastAPI
 
 from api.schemas import JobBatchCreate, JobCreate, JobStatusQuery
+from api.transform_schemas import TransformCreate
 from tffleet import tensors
 
 # Request bodies the routes read themselves, so FastAPI does not list their schemas: the
 # routes' `openapi_extra` below refers to them by name.
-_BODY_SCHEMAS = (JobCreate, JobBatchCreate, JobStatusQuery)
+_BODY_SCHEMAS = (JobCreate, JobBatchCreate, JobStatusQuery, TransformCreate)
 
 
 # Swagger UI's Authorize button sends `Authorization: Bearer <key>`, as `api/auth.py` reads it.
@@ -144,4 +145,12 @@ STATUS = {
 }
 RETRY = {"parameters": [_CANCEL_AFTER_PARAMETER]}
 # POST /v1/transforms: the same key and request again, the same transform.
-TRANSFORM_SUBMIT = {"parameters": [_IDEMPOTENCY_KEY_PARAMETER]}
+TRANSFORM_SUBMIT = {
+    "parameters": [_IDEMPOTENCY_KEY_PARAMETER],
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/TransformCreate"}}
+        },
+    },
+}

@@ -56,7 +56,8 @@ _ANSWER: dict[str, Any] = {
 @router.put(
     "/{path:path}",
     status_code=201,
-    responses={**error_responses(409, 413, 422, 503), 201: _ANSWER, 200: _ANSWER},
+    # 404: a path the router cannot match (Starlette's `path` convertor stops at a line break).
+    responses={**error_responses(404, 409, 413, 422, 503), 201: _ANSWER, 200: _ANSWER},
     openapi_extra=_BODY,
 )
 async def put_dataset(
