@@ -1,6 +1,6 @@
 """Transforms over files (issue 27): a fleet's records/s against an in-process loop, and scaling.
 
-    .venv/bin/python -m bench.transforms            # the issue's sizes: about a quarter hour here
+    .venv/bin/python -m bench.transforms            # the issue's sizes: about forty minutes here
     .venv/bin/python -m bench.transforms --quick    # small files, N = 1, 2: a smoke test
 
 (1) A Parquet file and a TFRecord file (`tf.train.Example`) of `--cnn-records` 64x64x3 float32
