@@ -10,12 +10,14 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tffleet.fleet_env import DEFAULT_URL
 
 if TYPE_CHECKING:
+    from tffleet.client.errors import WaitTimeout
     from tffleet.client.job import Job
 
 _ENVELOPE = frozenset({"b64", "dtype", "shape"})
@@ -105,22 +107,29 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    return _guarded(_submit, args)
+    return guarded(_submit, args, _show_timed_out)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    return _guarded(_status, args)
+    return guarded(_status, args, _show_timed_out)
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    return _guarded(_retry, args)
+    return guarded(_retry, args, _show_timed_out)
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    return _guarded(_delete, args)
+    return guarded(_delete, args, _show_timed_out)
 
 
-def _guarded(command: Any, args: argparse.Namespace) -> int:
+def guarded(
+    command: Any, args: argparse.Namespace, show_timed_out: Callable[[WaitTimeout], None]
+) -> int:
+    """Run a command, its errors as `tffleet: ...` and an exit status (see the module's docstring).
+
+    Shared by every client command so that each says the same thing for the same failure;
+    `show_timed_out` prints what a wait that ran out last saw, before the message.
+    """
     from tffleet.client.errors import ClientError, ConnectError, WaitTimeout
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
@@ -130,7 +139,7 @@ def _guarded(command: Any, args: argparse.Namespace) -> int:
         print(f"tffleet: {exc}", file=sys.stderr)
         return 2
     except WaitTimeout as exc:
-        _print_jobs(exc.jobs)
+        show_timed_out(exc)
         print(f"tffleet: {exc}", file=sys.stderr)
         return 1
     except ConnectError as exc:
@@ -139,6 +148,10 @@ def _guarded(command: Any, args: argparse.Namespace) -> int:
     except ClientError as exc:
         print(f"tffleet: {exc}", file=sys.stderr)
         return 1
+
+
+def _show_timed_out(exc: WaitTimeout) -> None:
+    _print_jobs(exc.jobs)
 
 
 def _submit(args: argparse.Namespace) -> int:

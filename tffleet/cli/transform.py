@@ -9,16 +9,16 @@ be read.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tffleet.cli.jobs import UsageError, webhook_events_of
+from tffleet.cli.jobs import UsageError, guarded, webhook_events_of
 from tffleet.fleet_env import DEFAULT_URL
 
 if TYPE_CHECKING:
+    from tffleet.client.errors import WaitTimeout
     from tffleet.client.transforms import Transform
 
 
@@ -105,32 +105,17 @@ def add_transform_commands(sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _command(run: Any) -> Any:
-    def guarded(args: argparse.Namespace) -> int:
-        return _guarded(run, args)
+    def command(args: argparse.Namespace) -> int:
+        return guarded(run, args, _show_timed_out)
 
-    return guarded
+    return command
 
 
-def _guarded(run: Any, args: argparse.Namespace) -> int:
-    from tffleet.client.errors import ClientError, ConnectError
+def _show_timed_out(exc: WaitTimeout) -> None:
     from tffleet.client.transforms import TransformWaitTimeout
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
-    try:
-        return int(run(args))
-    except UsageError as exc:
-        print(f"tffleet: {exc}", file=sys.stderr)
-        return 2
-    except TransformWaitTimeout as exc:
+    if isinstance(exc, TransformWaitTimeout):  # any other is only its message, as a ClientError
         _print(exc.transform)
-        print(f"tffleet: {exc}", file=sys.stderr)
-        return 1
-    except ConnectError as exc:
-        print(f"tffleet: cannot reach the API at {args.url} ({exc})", file=sys.stderr)
-        return 1
-    except ClientError as exc:
-        print(f"tffleet: {exc}", file=sys.stderr)
-        return 1
 
 
 def columns_of(given: list[str] | None) -> dict[str, str] | None:
