@@ -9,6 +9,7 @@ array's first-axis item (.npy); records are numbered from 0 in file order, and a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,3 +143,69 @@ def stacked(values: list[np.ndarray], dtype: str) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out
+
+
+def selected(
+    uri: str,
+    columns: list[str] | None,
+    key: str | None,
+    *,
+    every: Iterable[str],
+    has: list[str],
+    what: str = "column",
+) -> tuple[list[str], list[str]]:
+    """The columns a read returns (`columns`, else `every`) and those it reads (the key too): a
+    DatasetError naming those the file does not have (`has`), before anything is read."""
+    names = list(columns if columns is not None else every)
+    wanted = names + ([key] if key is not None and key not in names else [])
+    missing = sorted(set(wanted) - set(has))
+    if missing:
+        raise DatasetError(f"{uri}: no {what} {missing} (it has {has})")
+    return names, wanted
+
+
+def parsed_batches(
+    records: Iterable[bytes],
+    number: int,
+    shard: tuple[int, int],
+    parse: Callable[[bytes], dict[str, Any]],
+    bad: tuple[type[Exception], ...],
+    *,
+    batch_records: int,
+    names: list[str],
+    key: str | None,
+    schema: dict[str, Column],
+) -> Iterator[Batch]:
+    """The records of `shard` (`[start, stop)`) among `records` (the first of them number
+    `number`), each `parse`d, in batches: a record whose parse raises one of `bad` is a bad
+    record (an error of its batch), so that one bad line or Example does not fail the shard."""
+    start, stop = shard
+    rows: list[tuple[int, dict[str, Any]]] = []
+    errors: list[tuple[int, str]] = []
+    for record in records:
+        if number >= stop:
+            break
+        if number >= start:
+            try:
+                rows.append((number, parse(record)))
+            except bad as exc:
+                errors.append((number, str(exc) or type(exc).__name__))
+            if len(rows) + len(errors) >= batch_records:
+                yield _batch(rows, errors, names, key, schema)
+                rows, errors = [], []
+        number += 1
+    if rows or errors:
+        yield _batch(rows, errors, names, key, schema)
+
+
+def _batch(
+    rows: list[tuple[int, dict[str, Any]]],
+    errors: list[tuple[int, str]],
+    names: list[str],
+    key: str | None,
+    schema: dict[str, Column],
+) -> Batch:
+    columns = {name: stacked([row[name] for _, row in rows], schema[name].dtype) for name in names}
+    keys = stacked([row[key] for _, row in rows], schema[key].dtype) if key else None
+    index = np.array([number for number, _ in rows], dtype=np.int64)
+    return Batch(columns=columns, index=index, keys=keys, errors=errors)

@@ -21,6 +21,7 @@ from tffleet.datasets.base import (
     DatasetError,
     FileInfo,
     check_range,
+    selected,
     stacked,
 )
 from tffleet.datasets.locations import Location
@@ -83,13 +84,9 @@ def read(
     file = _open(location)
     check_range(start, stop, file.metadata.num_rows)
     # All columns: those a model input may take (a struct column is none).
-    names = list(columns) if columns is not None else list(_schema(file))
-    wanted = names + ([key] if key is not None and key not in names else [])
-    missing = sorted(set(wanted) - set(file.schema_arrow.names))
-    if missing:
-        raise DatasetError(
-            f"{location.uri}: no column {missing} (it has {file.schema_arrow.names})"
-        )
+    names, wanted = selected(
+        location.uri, columns, key, every=_schema(file), has=file.schema_arrow.names
+    )
     groups, first = _groups(file, start, stop)
     if not groups:
         return

@@ -31,7 +31,8 @@ from tffleet.datasets.base import (
     FileInfo,
     RecordIndex,
     check_range,
-    stacked,
+    parsed_batches,
+    selected,
 )
 from tffleet.datasets.locations import Location
 
@@ -232,11 +233,7 @@ def read(
     """Records `[start, stop)` of a CSV (`format="csv"`) or JSON Lines file whose `inspect`
     gave `info` (its index decides where the read starts)."""
     check_range(start, stop, info.records)
-    names = list(columns if columns is not None else info.schema)
-    wanted = names + ([key] if key is not None and key not in names else [])
-    missing = sorted(set(wanted) - set(info.schema))
-    if missing:
-        raise DatasetError(f"{location.uri}: no column {missing} (it has {sorted(info.schema)})")
+    names, wanted = selected(location.uri, columns, key, every=info.schema, has=sorted(info.schema))
     assert info.index is not None
     number, begin = info.index.start_of(start)
     header = _csv_header(location)[0] if format == "csv" else []
@@ -245,23 +242,18 @@ def read(
         if format == "csv"
         else _json_record(info.schema, wanted)
     )
-    rows: list[tuple[int, dict[str, Any]]] = []
-    errors: list[tuple[int, str]] = []
-    end = info.index.end_of(stop)
-    for _, record in records(location, begin, end, quoted=format == "csv"):
-        if number >= stop:
-            break
-        if number >= start:
-            try:
-                rows.append((number, parse(record)))
-            except (ValueError, TypeError, csv.Error, UnicodeDecodeError) as exc:
-                errors.append((number, str(exc) or type(exc).__name__))
-            if len(rows) + len(errors) >= batch_records:
-                yield _batch(rows, errors, names, key, info.schema)
-                rows, errors = [], []
-        number += 1
-    if rows or errors:
-        yield _batch(rows, errors, names, key, info.schema)
+    found = records(location, begin, info.index.end_of(stop), quoted=format == "csv")
+    yield from parsed_batches(
+        (record for _, record in found),
+        number,
+        (start, stop),
+        parse,
+        (ValueError, TypeError, csv.Error, UnicodeDecodeError),
+        batch_records=batch_records,
+        names=names,
+        key=key,
+        schema=info.schema,
+    )
 
 
 def _csv_record(header: list[str], schema: dict[str, Column], wanted: list[str]) -> Any:
@@ -325,16 +317,3 @@ def _kind_name(array: np.ndarray) -> str:
     return {"b": "bool", "i": "integer", "u": "integer", "f": "fractional"}.get(
         array.dtype.kind, "text" if array.dtype.kind == "U" else "mixed"
     )
-
-
-def _batch(
-    rows: list[tuple[int, dict[str, Any]]],
-    errors: list[tuple[int, str]],
-    names: list[str],
-    key: str | None,
-    schema: dict[str, Column],
-) -> Batch:
-    columns = {name: stacked([row[name] for _, row in rows], schema[name].dtype) for name in names}
-    keys = stacked([row[key] for _, row in rows], schema[key].dtype) if key else None
-    index = np.array([number for number, _ in rows], dtype=np.int64)
-    return Batch(columns=columns, index=index, keys=keys, errors=errors)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
@@ -27,7 +26,8 @@ from tffleet.datasets.base import (
     FileInfo,
     IndexBuilder,
     check_range,
-    stacked,
+    parsed_batches,
+    selected,
 )
 from tffleet.datasets.locations import Location
 
@@ -149,29 +149,22 @@ def read(
     """Records `[start, stop)` in batches, decoded; a record that is no Example, lacks a
     feature, or whose feature has another kind or length than its column is a bad record."""
     check_range(start, stop, info.records)
-    names = list(columns if columns is not None else info.schema)
-    wanted = names + ([key] if key is not None and key not in names else [])
-    missing = sorted(set(wanted) - set(info.schema))
-    if missing:
-        raise DatasetError(f"{location.uri}: no feature {missing} (it has {sorted(info.schema)})")
+    names, wanted = selected(
+        location.uri, columns, key, every=info.schema, has=sorted(info.schema), what="feature"
+    )
     assert info.index is not None
     number, begin = info.index.start_of(start)
-    rows: list[tuple[int, dict[str, np.ndarray]]] = []
-    errors: list[tuple[int, str]] = []
-    for record in records(location, begin, info.index.end_of(stop)):
-        if number >= stop:
-            break
-        if number >= start:
-            try:
-                rows.append((number, _pick(record, wanted, info.schema)))
-            except ValueError as exc:
-                errors.append((number, str(exc)))
-            if len(rows) + len(errors) >= batch_records:
-                yield _batch(rows, errors, names, key, info.schema)
-                rows, errors = [], []
-        number += 1
-    if rows or errors:
-        yield _batch(rows, errors, names, key, info.schema)
+    yield from parsed_batches(
+        records(location, begin, info.index.end_of(stop)),
+        number,
+        (start, stop),
+        lambda record: _pick(record, wanted, info.schema),
+        (ValueError,),
+        batch_records=batch_records,
+        names=names,
+        key=key,
+        schema=info.schema,
+    )
 
 
 def _pick(record: bytes, wanted: list[str], schema: dict[str, Column]) -> dict[str, np.ndarray]:
@@ -190,16 +183,3 @@ def _pick(record: bytes, wanted: list[str], schema: dict[str, Column]) -> dict[s
             raise ValueError(f"feature {name!r}: {len(values)} values, expected {column.shape[0]}")
         picked[name] = values
     return picked
-
-
-def _batch(
-    rows: list[tuple[int, dict[str, Any]]],
-    errors: list[tuple[int, str]],
-    names: list[str],
-    key: str | None,
-    schema: dict[str, Column],
-) -> Batch:
-    columns = {name: stacked([row[name] for _, row in rows], schema[name].dtype) for name in names}
-    keys = stacked([row[key] for _, row in rows], schema[key].dtype) if key else None
-    index = np.array([number for number, _ in rows], dtype=np.int64)
-    return Batch(columns=columns, index=index, keys=keys, errors=errors)
