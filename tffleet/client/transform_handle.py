@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 T = TypeVar("T")
+D = TypeVar("D")
 
 
 class _Driver(Protocol):
@@ -40,10 +41,11 @@ class _AsyncDriver(Protocol):
     async def _drive(self, plan: Plan[T]) -> T: ...
 
 
-class TransformHandle:
-    """A transform and the blocking client that follows it."""
+class _Handle(Generic[D]):
+    """What both handles are: the transform as last seen and the client (`D`, blocking or
+    async) that follows it; only their methods differ, by an await."""
 
-    def __init__(self, client: _Driver, transform: Transform) -> None:
+    def __init__(self, client: D, transform: Transform) -> None:
         self._client = client
         self.transform = transform
 
@@ -52,7 +54,11 @@ class TransformHandle:
         return self.transform.id
 
     def __repr__(self) -> str:
-        return f"<TransformHandle {self.id} {self.transform.status}>"
+        return f"<{type(self).__name__} {self.id} {self.transform.status}>"
+
+
+class TransformHandle(_Handle[_Driver]):
+    """A transform and the blocking client that follows it."""
 
     def status(self) -> Transform:
         """The transform now (its counts, progress, ETA)."""
@@ -117,19 +123,8 @@ class TransformHandle:
         )
 
 
-class AsyncTransformHandle:
+class AsyncTransformHandle(_Handle[_AsyncDriver]):
     """`TransformHandle` for `AsyncClient`: the same methods, awaited."""
-
-    def __init__(self, client: _AsyncDriver, transform: Transform) -> None:
-        self._client = client
-        self.transform = transform
-
-    @property
-    def id(self) -> str:
-        return self.transform.id
-
-    def __repr__(self) -> str:
-        return f"<AsyncTransformHandle {self.id} {self.transform.status}>"
 
     async def status(self) -> Transform:
         plan = transforms.get(self.id, wait_s=0, retries=self._client._retries)
