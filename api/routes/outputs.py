@@ -8,14 +8,13 @@ the job's row is written as an .npy on the fly, so a client may fetch any output
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
 
+from api.downloads import download
 from api.ids import JobId
 from api.ingest import BLOB
 from api.schemas import ErrorOut, error_responses
@@ -23,7 +22,7 @@ from api.state import get_state
 from db.models import JobStatus
 from tffleet import tensors
 from tffleet.errors import Conflict, InvalidInput, NotFound, OutputsGone
-from tffleet.objectstore import ObjectMissing, ObjectStore
+from tffleet.objectstore import ObjectStore
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -80,34 +79,16 @@ async def get_output(
 async def _streamed(
     store: ObjectStore, job_id: str, name: str, reference: tensors.Reference
 ) -> Response:
-    """The output's object as it is (a whole .npy): its first chunk read before the answer
-    starts, so a missing object is a 410 and a store that does not answer a 503, not a broken
-    200. A store that fails later cuts the answer short of its Content-Length: the client sees
-    a broken transfer, never a short array."""
-    chunks = store.stream_async(reference.key)
-    try:
-        first = await anext(chunks)
-    except ObjectMissing:
-        raise OutputsGone(
-            f"name: output {name!r} of job {job_id} is no longer in the object store"
-        ) from None
-    except StopAsyncIteration:
-        first = b""
-
-    async def body() -> AsyncIterator[bytes]:
-        yield first
-        async for chunk in chunks:
-            yield chunk
-
-    return StreamingResponse(
-        body(),
+    """The output's object as it is (a whole .npy), streamed (api/downloads.py)."""
+    return await download(
+        store,
+        reference.key,
+        # The object is the whole .npy: its header, then the tensor's bytes (`offset` is where
+        # they start), so this is its size without asking the store.
+        size=reference.offset + reference.nbytes,
         media_type=tensors.NPY,
-        headers={
-            # The object is the whole .npy: its header, then the tensor's bytes (`offset` is
-            # where they start), so this is its size without asking the store.
-            "Content-Length": str(reference.offset + reference.nbytes),
-            "Content-Disposition": f'attachment; filename="{name}.npy"',
-        },
+        filename=f"{name}.npy",
+        gone=f"name: output {name!r} of job {job_id} is no longer in the object store",
     )
 
 

@@ -13,22 +13,20 @@ job's output.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
+from api.downloads import download
 from api.ids import JobId
 from api.schemas import error_responses, json_response
 from api.state import AppState, get_state
 from db.models import Transform
 from db.tenants import Caller
 from tffleet.datasets.locations import Location, LocationRefused, resolve
-from tffleet.errors import NotFound, OutputsGone
-from tffleet.objectstore import ObjectMissing
+from tffleet.errors import NotFound
 
 router = APIRouter(prefix="/v1/transforms", tags=["transforms"])
 
@@ -95,27 +93,13 @@ async def get_file(
     size = await location.store.size_async(location.key)
     if size is None:
         raise NotFound(f"name: transform {transform_id} has no file {name!r} (yet)")
-    chunks = location.store.stream_async(location.key)
-    try:
-        first = await anext(chunks)
-    except ObjectMissing:
-        raise OutputsGone(f"name: {name!r} of transform {transform_id} is gone") from None
-    except StopAsyncIteration:
-        first = b""
-
-    async def body() -> AsyncIterator[bytes]:
-        yield first
-        async for chunk in chunks:
-            yield chunk
-
-    filename = name.rsplit("/", 1)[-1]
-    return StreamingResponse(
-        body(),
+    return await download(
+        location.store,
+        location.key,
+        size=size,
         media_type=_MEDIA[match.group(3)],
-        headers={
-            "Content-Length": str(size),
-            "Content-Disposition": f'attachment; filename="{filename}"',
-        },
+        filename=name.rsplit("/", 1)[-1],
+        gone=f"name: {name!r} of transform {transform_id} is gone",
     )
 
 
