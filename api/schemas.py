@@ -18,6 +18,23 @@ from tffleet import webhooks
 Tensor = list[Any] | dict[str, Any]
 
 
+def webhook_url(url: str | None) -> str | None:
+    """A `webhook` field's validator (jobs' and transforms'): the URL parsed as deliveries will
+    parse it, so a bad one is refused at submission (a WebhookAddressError is a ValueError: a
+    422 naming the field), not found out at the first delivery."""
+    if url is not None:
+        webhooks.parse_url(url)
+    return url
+
+
+def events_with_webhook(events: list[str] | None, info: ValidationInfo) -> list[str] | None:
+    """A `webhook_events` field's validator: events asked for with no `webhook` are a 422, not
+    a setting silently dropped."""
+    if events is not None and info.data.get("webhook") is None:
+        raise ValueError("needs a `webhook` to send them to")
+    return events
+
+
 class JobCreate(BaseModel):
     """A job as submitted: which model, and its inputs by name (or one bare tensor)."""
 
@@ -52,20 +69,14 @@ class JobCreate(BaseModel):
         'ended: succeeded, failed or canceled). Default `["completed"]`.',
     )
 
-    @field_validator("webhook")
-    @classmethod
-    def _webhook_url(cls, url: str | None) -> str | None:
-        if url is not None:
-            webhooks.parse_url(url)  # a WebhookAddressError is a ValueError: a 422 naming it
-        return url
+    _webhook_url = field_validator("webhook")(webhook_url)
 
     @field_validator("webhook_events")
     @classmethod
     def _events_with_webhook(
         cls, events: list[str] | None, info: ValidationInfo
     ) -> list[str] | None:
-        if events is not None and info.data.get("webhook") is None:
-            raise ValueError("needs a `webhook` to send them to")
+        events = events_with_webhook(events, info)
         return None if events is None else sorted(set(events))
 
 

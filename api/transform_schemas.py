@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from api.schemas import events_with_webhook, webhook_url
 from db.models import TransformStatus
 from tffleet import webhooks
 
@@ -113,21 +114,8 @@ class TransformCreate(BaseModel):
         default=None, min_length=1, max_length=1, description='Only `["completed"]`.'
     )
 
-    @field_validator("webhook")
-    @classmethod
-    def _webhook_url(cls, url: str | None) -> str | None:
-        if url is not None:
-            webhooks.parse_url(url)
-        return url
-
-    @field_validator("webhook_events")
-    @classmethod
-    def _events_with_webhook(
-        cls, events: list[str] | None, info: ValidationInfo
-    ) -> list[str] | None:
-        if events is not None and info.data.get("webhook") is None:
-            raise ValueError("needs a `webhook` to send them to")
-        return events
+    _webhook_url = field_validator("webhook")(webhook_url)
+    _events_with_webhook = field_validator("webhook_events")(events_with_webhook)
 
 
 class TransformCounts(BaseModel):
