@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +35,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.app import create_app
 from api.state import AppState
 from db import jobs, registry, tenants
-from db.models import DEFAULT_TENANT, Job
+from db.models import DEFAULT_TENANT, Job, JobStatus
 from tffleet import tensors
 from tffleet.broker import Publisher, queue_lists
 from tffleet.constants import JOBS_DONE_CHANNEL
+from tffleet.objectstore import ObjectStore
 from tffleet.settings import Settings
 
 Sessions = sessionmaker[Session]
@@ -284,6 +285,50 @@ def _until_subscribed(redis_url: str, timeout_s: float = 30.0) -> None:
                 return
             time.sleep(0.01)
     raise AssertionError(f"nobody subscribed to {JOBS_DONE_CHANNEL} within {timeout_s} s")
+
+
+@contextmanager
+def fake_worker(
+    sessions: Sessions,
+    redis_url: str,
+    compute: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+    store: ObjectStore | None = None,
+) -> Iterator[list[str]]:
+    """Finishes each queued job with `compute(its inputs)`, announcing it as a worker does, the
+    objects its inputs reference read from `store` as a worker reads them; yields the ids it
+    finished."""
+    done: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            _until_subscribed(redis_url)
+            while not stop.is_set():
+                with sessions() as session:
+                    queued = session.scalars(
+                        select(Job.id).where(Job.status == JobStatus.QUEUED.value)
+                    ).all()
+                for job_id in queued:
+                    blob = read_job(sessions, job_id).inputs
+                    references = tensors.references(blob).values()
+                    found = {r.key: store.get(r.key) for r in references} if store else None
+                    outputs = compute(tensors.unpack(blob, found))
+                    finish_job(sessions, job_id, outputs, announce_to=redis_url)
+                    done.append(job_id)
+                time.sleep(0.01)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="fake-worker", daemon=True)
+    thread.start()
+    try:
+        yield done
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    if errors:
+        raise errors[0]
 
 
 @dataclass

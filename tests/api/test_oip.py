@@ -31,10 +31,10 @@ from tests.api.conftest import (
     OpenApi,
     assert_nothing_left,
     count_jobs,
+    fake_worker,
     read_job,
 )
 from tests.api.test_models import report
-from tests.api.test_tfserving import fake_worker
 
 pytestmark = pytest.mark.anyio
 

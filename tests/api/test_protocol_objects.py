@@ -8,25 +8,19 @@ the jobs reference."""
 from __future__ import annotations
 
 import io
-import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import numpy as np
 import orjson
 import pytest
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.models import Job, JobStatus
 from tests.api.conftest import (
     Api,
     OpenApi,
-    _until_subscribed,
     count_jobs,
-    finish_job,
+    fake_worker,
     read_job,
 )
 from tests.api.test_oip import request_of, result_of
@@ -45,45 +39,6 @@ SMALL = BIG[:2]  # 32 bytes: inline
 def mlp(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Version 2 of the fake fleet's mlp: x (n, 4) to y (n, 3)."""
     return {"y": inputs["x"][:, :3] * 2}
-
-
-@contextmanager
-def worker(
-    sessions: Sessions, redis_url: str, store: ObjectStore, compute: Callable[..., Any]
-) -> Iterator[list[str]]:
-    """Finishes each queued job with `compute` of its inputs, the objects they reference read
-    from the store as a worker reads them; yields the ids it finished."""
-    done: list[str] = []
-    errors: list[BaseException] = []
-    stop = threading.Event()
-
-    def run() -> None:
-        try:
-            _until_subscribed(redis_url)
-            while not stop.is_set():
-                with sessions() as session:
-                    queued = session.scalars(
-                        select(Job.id).where(Job.status == JobStatus.QUEUED.value)
-                    ).all()
-                for job_id in queued:
-                    blob = read_job(sessions, job_id).inputs
-                    found = {r.key: store.get(r.key) for r in tensors.references(blob).values()}
-                    outputs = compute(tensors.unpack(blob, found))
-                    finish_job(sessions, job_id, outputs, announce_to=redis_url)
-                    done.append(job_id)
-                time.sleep(0.01)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="fake-worker", daemon=True)
-    thread.start()
-    try:
-        yield done
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-    if errors:
-        raise errors[0]
 
 
 @pytest.fixture
@@ -134,7 +89,7 @@ def assert_references_upload(api: Api, job_id: str, uri: str) -> None:
 async def test_tf_serving_puts_a_large_input_in_the_store(
     api: Api, object_store: ObjectStore, redis_url: str, form: str
 ) -> None:
-    with worker(api.sessions, redis_url, object_store, mlp) as done:
+    with fake_worker(api.sessions, redis_url, mlp, object_store) as done:
         response = await api.client.post("/v1/models/mlp:predict", json={form: BIG.tolist()})
     assert response.status_code == 200, response.text
     answer = response.json()["predictions" if form == "instances" else "outputs"]
@@ -147,7 +102,7 @@ async def test_tf_serving_puts_a_large_input_in_the_store(
 async def test_tf_serving_keeps_a_small_input_inline(
     api: Api, object_store: ObjectStore, redis_url: str
 ) -> None:
-    with worker(api.sessions, redis_url, object_store, mlp) as done:
+    with fake_worker(api.sessions, redis_url, mlp, object_store) as done:
         response = await api.client.post(
             "/v1/models/mlp:predict", json={"instances": SMALL.tolist()}
         )
@@ -163,7 +118,7 @@ async def test_tf_serving_columnar_inputs_name_an_upload(
 ) -> None:
     uri = await uploaded(api, BIG)
     inputs: Any = {"x": {"uri": uri}} if by_name else {"uri": uri}
-    with worker(api.sessions, redis_url, object_store, mlp) as done:
+    with fake_worker(api.sessions, redis_url, mlp, object_store) as done:
         response = await api.client.post("/v1/models/mlp:predict", json={"inputs": inputs})
     assert response.status_code == 200, response.text
     np.testing.assert_allclose(response.json()["outputs"], mlp({"x": BIG})["y"])
@@ -206,7 +161,7 @@ async def test_oip_puts_a_large_input_in_the_store(
     api: Api, object_store: ObjectStore, redis_url: str, binary: bool
 ) -> None:
     body, headers = request_of({"x": BIG}, binary=binary)
-    with worker(api.sessions, redis_url, object_store, mlp) as done:
+    with fake_worker(api.sessions, redis_url, mlp, object_store) as done:
         response = await api.client.post("/v2/models/mlp/infer", content=body, headers=headers)
     np.testing.assert_allclose(result_of(response).as_numpy("y"), mlp({"x": BIG})["y"])
     (job_id,) = done
@@ -228,7 +183,7 @@ async def test_oip_an_input_names_an_upload_in_its_parameters(
 ) -> None:
     uri = await uploaded(api, BIG)
     body, headers = _by_reference(uri, list(BIG.shape))
-    with worker(api.sessions, redis_url, object_store, mlp) as done:
+    with fake_worker(api.sessions, redis_url, mlp, object_store) as done:
         response = await api.client.post("/v2/models/mlp/infer", content=body, headers=headers)
     np.testing.assert_allclose(result_of(response).as_numpy("y"), mlp({"x": BIG})["y"])
     (job_id,) = done

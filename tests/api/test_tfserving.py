@@ -6,8 +6,7 @@ from __future__ import annotations
 import base64
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,14 +17,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs, registry
-from db.models import DEFAULT_TENANT, Job, JobErrorCode, JobStatus, PresenceState
+from db.models import DEFAULT_TENANT, Job, JobErrorCode, PresenceState
 from tests.api.conftest import (
     Api,
     OpenApi,
     _until_subscribed,
     assert_nothing_left,
     count_jobs,
-    finish_job,
+    fake_worker,
     read_job,
 )
 from tests.api.test_models import report
@@ -66,41 +65,6 @@ def extra_models(sessions: Sessions, models: dict[str, Any]) -> None:
                 session=session, name=name, version=1, format="savedmodel", inputs=inputs,
                 outputs=outputs,
             )  # fmt: skip
-
-
-@contextmanager
-def fake_worker(sessions: Sessions, redis_url: str, compute: Outputs) -> Iterator[list[str]]:
-    """Finishes each queued job with `compute(its inputs)`, announcing it as a worker does;
-    yields the ids it finished."""
-    done: list[str] = []
-    errors: list[BaseException] = []
-    stop = threading.Event()
-
-    def run() -> None:
-        try:
-            _until_subscribed(redis_url)
-            while not stop.is_set():
-                with sessions() as session:
-                    queued = session.scalars(
-                        select(Job.id).where(Job.status == JobStatus.QUEUED.value)
-                    ).all()
-                for job_id in queued:
-                    inputs = tensors.unpack(read_job(sessions, job_id).inputs)
-                    finish_job(sessions, job_id, compute(inputs), announce_to=redis_url)
-                    done.append(job_id)
-                time.sleep(0.01)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="fake-tf-worker", daemon=True)
-    thread.start()
-    try:
-        yield done
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-    if errors:
-        raise errors[0]
 
 
 def half_plus_three(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
