@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.app import create_app
 from api.state import AppState
 from db import jobs, registry, tenants
-from db.models import DEFAULT_TENANT, Job, JobStatus
+from db.models import DEFAULT_TENANT, Job, JobStatus, Upload
 from tffleet import tensors
 from tffleet.broker import Publisher, queue_lists
 from tffleet.constants import JOBS_DONE_CHANNEL
@@ -184,6 +184,32 @@ def client(api: Api) -> httpx.AsyncClient:
 def count_jobs(sessions: Sessions) -> int:
     with sessions() as session:
         return int(session.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+def count_uploads(sessions: Sessions) -> int:
+    with sessions() as session:
+        return int(session.scalar(select(func.count()).select_from(Upload)) or 0)
+
+
+@pytest.fixture
+async def store_api(object_store: ObjectStore, open_api: OpenApi) -> AsyncIterator[Api]:
+    """The app on the test's store (a directory, then S3)."""
+    async with open_api() as running:
+        yield running
+
+
+def created_uri(response: httpx.Response) -> str:
+    """The `uri` of a 201 from POST /v1/uploads."""
+    assert response.status_code == 201, response.text
+    uri: str = response.json()["uri"]
+    return uri
+
+
+def inputs_of(api: Api, job_id: str, store: ObjectStore) -> dict[str, np.ndarray]:
+    """A job's inputs as a worker reads them: its blob, and the objects it references."""
+    blob = read_job(api.sessions, job_id).inputs
+    found = {ref.key: store.get(ref.key) for ref in tensors.references(blob).values()}
+    return tensors.unpack(blob, found)
 
 
 def read_job(sessions: Sessions, job_id: str) -> Job:

@@ -24,12 +24,6 @@ Sessions = sessionmaker[Session]
 CSV = b"id,x0,x1\n" + b"".join(f"{i},{i / 2},{i * 3}\n".encode() for i in range(50))
 
 
-@pytest.fixture
-async def store_api(object_store: ObjectStore, open_api: OpenApi) -> AsyncIterator[Api]:
-    async with open_api() as running:
-        yield running
-
-
 def garbage_keys(sessions: Sessions) -> list[str]:
     with sessions() as session:
         return [row.key for row in session.scalars(select(ObjectGarbage))]

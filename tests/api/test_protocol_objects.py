@@ -20,6 +20,7 @@ from tests.api.conftest import (
     Api,
     OpenApi,
     count_jobs,
+    created_uri,
     fake_worker,
     read_job,
 )
@@ -58,9 +59,7 @@ async def uploaded(api: Api, array: np.ndarray) -> str:
     response = await api.client.post(
         "/v1/uploads", content=npy(array), headers={"Content-Type": tensors.NPY}
     )
-    assert response.status_code == 201, response.text
-    uri: str = response.json()["uri"]
-    return uri
+    return created_uri(response)
 
 
 def assert_stored_by_its_job(api: Api, store: ObjectStore, job_id: str) -> None:

@@ -18,7 +18,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs
 from db.models import JobUpload, ObjectGarbage, Upload
-from tests.api.conftest import Api, OpenApi, count_jobs, envelope, finish_job, read_job
+from tests.api.conftest import (
+    Api,
+    OpenApi,
+    count_jobs,
+    count_uploads,
+    created_uri,
+    envelope,
+    finish_job,
+    inputs_of,
+    read_job,
+)
 from tffleet import tensors
 from tffleet.objectstore import ObjectStore, keys
 from worker import garbage
@@ -35,18 +45,6 @@ def npy(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array)
     return buffer.getvalue()
-
-
-@pytest.fixture
-async def store_api(object_store: ObjectStore, open_api: OpenApi) -> AsyncIterator[Api]:
-    """The app on the test's store (a directory, then S3)."""
-    async with open_api() as running:
-        yield running
-
-
-def uploads(sessions: Sessions) -> int:
-    with sessions() as session:
-        return int(session.scalar(select(func.count()).select_from(Upload)) or 0)
 
 
 async def post(api: Api, body: bytes, media: str = tensors.NPY, **params: Any) -> httpx.Response:
@@ -100,7 +98,7 @@ async def test_a_body_that_is_no_fit_npy_leaves_nothing(
     message = response.json()["error"]["message"]
     assert message.startswith("body: ") and says in message
     assert object_store.total_bytes() == (0, 0)
-    assert uploads(store_api.sessions) == 0
+    assert count_uploads(store_api.sessions) == 0
 
 
 @pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
@@ -120,7 +118,7 @@ async def test_a_body_cut_short_without_a_length_leaves_nothing(
     assert response.status_code == 422
     assert "body: holds 79992 bytes" in response.json()["error"]["message"]
     assert object_store.total_bytes() == (0, 0)
-    assert uploads(store_api.sessions) == 0
+    assert count_uploads(store_api.sessions) == 0
 
 
 @pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
@@ -138,7 +136,7 @@ async def test_a_body_over_the_upload_limit_is_413(
         response = await post(api, npy(np.zeros(1000, dtype=np.float32)))
         assert response.status_code == 413
         assert object_store.total_bytes() == (0, 0)
-        assert uploads(api.sessions) == 0
+        assert count_uploads(api.sessions) == 0
 
 
 @pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
@@ -146,7 +144,7 @@ async def test_presign_needs_an_s3_store(store_api: Api) -> None:
     response = await post(store_api, b"", presign="true")
     assert response.status_code == 422
     assert response.json()["error"]["message"].startswith("presign: needs an S3 object store")
-    assert uploads(store_api.sessions) == 0
+    assert count_uploads(store_api.sessions) == 0
 
 
 @pytest.mark.parametrize("object_store_url", ["s3"], indirect=True)
@@ -186,7 +184,7 @@ async def test_a_store_that_fails_is_503_and_nothing_is_recorded(
     response = await post(store_api, npy(X))
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "object_store_unavailable"
-    assert uploads(store_api.sessions) == 0
+    assert count_uploads(store_api.sessions) == 0
 
 
 async def test_uploads_take_a_key(open_api: OpenApi) -> None:
@@ -206,16 +204,7 @@ async def uploaded(api: Api, array: np.ndarray, headers: dict[str, str] | None =
     response = await api.client.post(
         "/v1/uploads", content=npy(array), headers={"Content-Type": tensors.NPY, **(headers or {})}
     )
-    assert response.status_code == 201, response.text
-    uri: str = response.json()["uri"]
-    return uri
-
-
-def inputs_of(api: Api, job_id: str, store: ObjectStore) -> dict[str, np.ndarray]:
-    """A job's inputs as a worker reads them: its blob, and the objects it references."""
-    blob = read_job(api.sessions, job_id).inputs
-    found = {ref.key: store.get(ref.key) for ref in tensors.references(blob).values()}
-    return tensors.unpack(blob, found)
+    return created_uri(response)
 
 
 async def test_a_job_names_an_upload_by_uri(store_api: Api, object_store: ObjectStore) -> None:

@@ -13,11 +13,17 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session, sessionmaker
 
 from db.models import Upload
-from tests.api.conftest import Api, OpenApi, count_jobs, read_job
+from tests.api.conftest import (
+    Api,
+    OpenApi,
+    count_jobs,
+    count_uploads,
+    created_uri,
+    inputs_of,
+    read_job,
+)
 from tffleet import tensors
 from tffleet.objectstore import ObjectStore, keys
 
@@ -35,33 +41,13 @@ def savez(compressed: bool = False, **arrays: Any) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture
-async def store_api(object_store: ObjectStore, open_api: OpenApi) -> AsyncIterator[Api]:
-    async with open_api() as running:
-        yield running
-
-
-def uploads(sessions: sessionmaker[Session]) -> int:
-    with sessions() as session:
-        return int(session.scalar(select(func.count()).select_from(Upload)) or 0)
-
-
 async def post(api: Api, body: bytes, media: str = tensors.NPZ) -> httpx.Response:
     return await api.client.post("/v1/uploads", content=body, headers={"Content-Type": media})
 
 
 async def uploaded(api: Api, **arrays: np.ndarray) -> str:
     response = await post(api, savez(**arrays))
-    assert response.status_code == 201, response.text
-    uri: str = response.json()["uri"]
-    return uri
-
-
-def inputs_of(api: Api, job_id: str, store: ObjectStore) -> dict[str, np.ndarray]:
-    """A job's inputs as a worker reads them: its blob, and the whole objects it references."""
-    blob = read_job(api.sessions, job_id).inputs
-    found = {ref.key: store.get(ref.key) for ref in tensors.references(blob).values()}
-    return tensors.unpack(blob, found)
+    return created_uri(response)
 
 
 async def test_an_npz_is_stored_whole_and_its_members_recorded(
@@ -214,7 +200,7 @@ async def test_an_npz_that_is_no_fit_leaves_nothing(
     message = response.json()["error"]["message"]
     assert message.startswith("body: ") and says in message, message
     assert object_store.total_bytes() == (0, 0)
-    assert uploads(store_api.sessions) == 0
+    assert count_uploads(store_api.sessions) == 0
 
 
 @pytest.mark.parametrize("object_store_url", ["s3"], indirect=True)
@@ -224,7 +210,7 @@ async def test_a_compressed_member_found_late_leaves_nothing_on_s3(
     response = await post(store_api, mixed())
     assert response.status_code == 422
     assert object_store.total_bytes() == (0, 0)
-    assert uploads(store_api.sessions) == 0
+    assert count_uploads(store_api.sessions) == 0
 
 
 @pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
@@ -245,7 +231,7 @@ async def test_an_npz_over_the_upload_limit_is_413(
         )
         assert response.status_code == 413
         assert object_store.total_bytes() == (0, 0)
-        assert uploads(api.sessions) == 0
+        assert count_uploads(api.sessions) == 0
 
 
 def padded(**arrays: np.ndarray) -> bytes:
