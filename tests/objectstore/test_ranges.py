@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.objectstore.conftest import dead_store
 from tffleet import tensors
-from tffleet.cli.process_group import free_port
-from tffleet.objectstore import ObjectMissing, ObjectStore, StoreUnavailable, open_store
+from tffleet.objectstore import ObjectMissing, ObjectStore, StoreUnavailable
 
 pytestmark = pytest.mark.anyio
 
@@ -57,10 +57,7 @@ async def test_a_range_of_a_missing_object_is_object_missing(object_store: Objec
 async def test_a_range_from_a_store_that_answers_nothing_is_store_unavailable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    store = open_store("s3://tffleet-test/x", retry_s=0.2)
+    store = dead_store(monkeypatch)
     with pytest.raises(StoreUnavailable):
         store.get_range("k", 0, 10)
     with pytest.raises(StoreUnavailable):

@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.objectstore.conftest import dead_store
 from tests.services import PrivateSeaweed
-from tffleet.cli.process_group import free_port
 from tffleet.objectstore import ObjectMissing, ObjectStore, StoreUnavailable, open_store
 from tffleet.objectstore.store import PART_BYTES
 
@@ -152,10 +152,7 @@ def test_a_directory_store_hands_out_no_presigned_urls(object_store: ObjectStore
 async def test_an_s3_endpoint_that_answers_nothing_is_store_unavailable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    store = open_store("s3://tffleet-test/x", retry_s=0.2)
+    store = dead_store(monkeypatch)
     for call in (lambda: store.put("k", b"1"), lambda: store.get("k"), lambda: store.size("k")):
         with pytest.raises(StoreUnavailable, match="object store"):
             call()

@@ -18,11 +18,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import cache, jobs, parts, tenants
 from db.models import DEFAULT_TENANT, JobErrorCode, JobStatus
+from tests.objectstore.conftest import dead_store
 from tests.worker.test_batching import FakeRunner, model_fn, policy, read, samples, submit
 from tests.worker.test_pipeline import wait_for
 from tffleet import tensors
 from tffleet.announcements import EndedJob
-from tffleet.cli.process_group import free_port
 from tffleet.objectstore import ObjectStore, StoreUnavailable, keys, open_store
 from tffleet.tensors import Reference
 from worker import pipeline
@@ -78,14 +78,6 @@ def run(batcher: Batcher, job_ids: Sequence[str], runner: Any = None, **kwargs: 
         model="m", version=1, job_ids=job_ids, runner=runner or FakeRunner(),
         policy=policy(**kwargs),
     )  # fmt: skip
-
-
-def dead_store(monkeypatch: pytest.MonkeyPatch) -> ObjectStore:
-    """An S3 store whose endpoint answers nothing: every call is StoreUnavailable."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    return open_store("s3://tffleet-test/x", retry_s=0.2)
 
 
 def test_a_referenced_input_is_read_and_a_large_output_is_written_as_a_reference(
