@@ -143,8 +143,13 @@ def run_block(block: Block, up: Up) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(UP_TIMEOUT_S + 10 * BLOCK_TIMEOUT_S)
 def test_every_block_of_the_tutorial_runs_against_a_live_tffleet_up(up: Up) -> None:
-    to_run = [block for block in blocks(TUTORIAL.read_text()) if block.run]
-    for block in to_run:
+    run_every_block(TUTORIAL, up)
+
+
+def run_every_block(tutorial: Path, up: Up) -> None:
+    """Each block of `tutorial` to run, in order, against `up`: each must exit 0 within
+    BLOCK_TIMEOUT_S, and a bash block's output must hold no error answer of the API."""
+    for block in (block for block in blocks(tutorial.read_text()) if block.run):
         try:
             done = run_block(block, up)
         except subprocess.TimeoutExpired as exc:

@@ -5,18 +5,16 @@ setting: no TFFLEET_TRANSFORM_LOCATIONS, so its datasets go through `tffleet dat
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.docs.test_tutorial import (
-    API_ERROR,
     BLOCK_TIMEOUT_S,
     UP_TIMEOUT_S,
     Up,
     blocks,
-    run_block,
+    run_every_block,
     up,  # noqa: F401  (the fixture, used by name)
 )
 
@@ -33,12 +31,4 @@ def test_it_starts_with_make_run_runs_every_other_block_and_never_sleeps() -> No
 @pytest.mark.slow
 @pytest.mark.timeout(UP_TIMEOUT_S + 10 * BLOCK_TIMEOUT_S)
 def test_every_block_runs_against_a_live_tffleet_up(up: Up) -> None:  # noqa: F811
-    for block in (block for block in blocks(TUTORIAL.read_text()) if block.run):
-        try:
-            done = run_block(block, up)
-        except subprocess.TimeoutExpired as exc:
-            pytest.fail(f"{block} ran past {BLOCK_TIMEOUT_S}s; its output: {exc.output!r}")
-        said = f"{block}:\n{block.code}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
-        assert done.returncode == 0, f"exit status {done.returncode} of {said}"
-        if block.language == "bash":
-            assert not API_ERROR.search(done.stdout), f"an error answer in {said}"
+    run_every_block(TUTORIAL, up)
