@@ -279,15 +279,9 @@ def _join(
 
 def _write(store: ObjectStore, key: str, array: np.ndarray) -> Reference:
     """One output as a whole .npy object, as the worker writes a job's own."""
-    data = tensors.write_npy(array)
+    data, reference = tensors.npy_object(key, array)
     store.put(key, data)
-    return Reference(
-        key=key,
-        dtype=array.dtype.name,
-        shape=tuple(array.shape),
-        offset=len(data) - array.nbytes,
-        nbytes=array.nbytes,
-    )
+    return reference
 
 
 def _discard(session: Session, parent_id: str) -> None:

@@ -190,15 +190,9 @@ class Objects:
         """One output as a whole .npy object (one copy: the header joined to its bytes)."""
         assert lease.tenant is not None
         key = keys.output_key(lease.tenant, lease.job_id, name)
-        data = tensors.write_npy(array)
+        data, reference = tensors.npy_object(key, array)
         self.store.put(key, data)
-        return Reference(
-            key=key,
-            dtype=array.dtype.name,
-            shape=tuple(array.shape),
-            offset=len(data) - array.nbytes,
-            nbytes=array.nbytes,
-        )
+        return reference
 
 
 def range_key(ref: Reference) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tffleet.tensors.arrays import DTYPES, STRING, TensorError, as_bytes, is_string, raw_bytes
-from tffleet.tensors.packed import unpack
+from tffleet.tensors.packed import Reference, unpack
 
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
@@ -202,6 +202,20 @@ def write_npy(array: np.ndarray) -> bytes:
     """`array` as an .npy file (what np.save writes, read back by np.load): one copy."""
     data = _fixed_width("array", array)
     return b"".join([_npy_header(data, start=0), raw_bytes(data)])
+
+
+def npy_object(key: str, array: np.ndarray) -> tuple[bytes, Reference]:
+    """`array` as a whole .npy object to put at `key`, and the reference to it a job's blob
+    holds (its bytes start after the header: `offset`)."""
+    data = write_npy(array)
+    reference = Reference(
+        key=key,
+        dtype=array.dtype.name,
+        shape=tuple(array.shape),
+        offset=len(data) - array.nbytes,
+        nbytes=array.nbytes,
+    )
+    return data, reference
 
 
 def write_npz(arrays: Mapping[str, np.ndarray]) -> bytes:
