@@ -78,6 +78,15 @@ class Fleet:
         with self.http(timeout=30) as client:
             return client.get(path)
 
+    def wait_ended(self, job_id: str) -> dict[str, Any]:
+        """The job once ended, long-polled (30 s a poll, ten polls at most)."""
+        with self.http(timeout=60) as client:
+            for _ in range(10):
+                job = client.get(f"/v1/jobs/{job_id}", params={"wait": 30}).json()
+                if job["status"] in ("succeeded", "failed", "canceled"):
+                    return dict(job)
+        raise AssertionError(f"job {job_id} did not end: {job}")
+
     def ahttp(self, **kwargs: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, headers=self.headers, **kwargs)
 

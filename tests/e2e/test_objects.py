@@ -31,7 +31,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 # The mlp's output is 3 float32 a sample: a job of 6 samples or more writes it to the store.
 INLINE_MAX_BYTES = 64
-ENDED = ("succeeded", "failed", "canceled")
 
 
 @pytest.fixture
@@ -87,15 +86,6 @@ def wake(fleet: Fleet, job_ids: list[str]) -> None:
     assert publisher.publish(model="mlp", version=1, job_ids=job_ids)
 
 
-def wait_ended(fleet: Fleet, job_id: str) -> dict[str, Any]:
-    with fleet.http(timeout=60) as client:
-        for _ in range(10):
-            job = client.get(f"/v1/jobs/{job_id}", params={"wait": 30}).json()
-            if job["status"] in ENDED:
-                return dict(job)
-    raise AssertionError(f"job {job_id} did not end: {job}")
-
-
 def stored_bytes(fleet: Fleet, job_id: str) -> int | None:
     engine = make_engine(fleet.database_url)
     try:
@@ -119,7 +109,7 @@ def test_a_job_reads_its_inputs_from_the_store_and_writes_its_large_outputs_ther
     store.delete([gone_ref.key])  # its upload was deleted after the job was stored
 
     wake(running, [by_ref, gone])
-    done, failed = wait_ended(running, by_ref), wait_ended(running, gone)
+    done, failed = running.wait_ended(by_ref), running.wait_ended(gone)
 
     assert done["status"] == "succeeded", done
     (name,) = done["outputs"]
@@ -142,7 +132,7 @@ def test_a_job_reads_its_inputs_from_the_store_and_writes_its_large_outputs_ther
     with running.http(timeout=60) as client:
         answer = client.post("/v1/jobs", json={"model": "mlp", "inputs": {"x": z.tolist()}})
     assert answer.status_code == 202, answer.text
-    job = wait_ended(running, answer.json()["id"])
+    job = running.wait_ended(answer.json()["id"])
     assert job["status"] == "succeeded" and job["outputs"][name]["shape"] == [8, 3], job
     data = store.get(keys.output_key(DEFAULT_TENANT, job["id"], name))
     np.testing.assert_allclose(np.load(io.BytesIO(data)), model(z), rtol=1e-5, atol=1e-6)

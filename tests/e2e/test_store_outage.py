@@ -32,7 +32,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 # The mlp takes 8 float32 a sample and gives 3: inputs and outputs of 6 samples or more go to
 # the store.
 INLINE_MAX_BYTES = 64
-ENDED = ("succeeded", "failed", "canceled")
 
 
 @pytest.fixture
@@ -120,15 +119,6 @@ def statuses(fleet: Fleet, job_ids: list[str]) -> list[str]:
         return [client.get(f"/v1/jobs/{job_id}").json()["status"] for job_id in job_ids]
 
 
-def wait_ended(fleet: Fleet, job_id: str) -> dict[str, Any]:
-    with fleet.http(timeout=60) as client:
-        for _ in range(10):
-            job = client.get(f"/v1/jobs/{job_id}", params={"wait": 30}).json()
-            if job["status"] in ENDED:
-                return dict(job)
-    raise AssertionError(f"job {job_id} did not end: {job}")
-
-
 def test_jobs_queued_when_the_store_goes_away_all_run_once_it_is_back(
     fleet: tuple[Fleet, Any], store: PrivateSeaweed, weed: str
 ) -> None:
@@ -161,7 +151,7 @@ def test_jobs_queued_when_the_store_goes_away_all_run_once_it_is_back(
     store.start(weed)
 
     for job_id, x in zip(job_ids, xs, strict=True):
-        job = wait_ended(running, job_id)
+        job = running.wait_ended(job_id)
         assert job["status"] == "succeeded", job
         assert job["attempts"] == 1, job  # putting a job back spends no attempt
         with running.http(timeout=60) as client:
