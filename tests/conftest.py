@@ -366,13 +366,21 @@ def pytest_configure(config: pytest.Config) -> None:
 E2E = Path(__file__).parent / "e2e"
 
 
+# End-to-end modules that run fleets and servers of their own and time nothing: they go to the
+# other process, beside the tests that start no fleet, so that the two processes end together.
+E2E_APART = frozenset({"test_transform_faults.py", "test_store_outage.py"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`make test` runs the suite in two processes (pytest-xdist, `--dist loadgroup`): the
     end-to-end tests, most of its time and mostly waiting on the processes they start, in one,
-    one after another and first, so that the other takes every other test beside them."""
+    one after another and first, so that the other takes every other test beside them (and the
+    few end-to-end modules of E2E_APART, first)."""
     fleet = [item for item in items if E2E in item.path.parents]
     for item in fleet:
-        item.add_marker(pytest.mark.xdist_group("e2e"))
+        apart = item.path.name in E2E_APART
+        item.add_marker(pytest.mark.xdist_group("e2e-apart" if apart else "e2e"))
+    fleet.sort(key=lambda item: item.path.name in E2E_APART)  # stable: each group keeps its order
     items[:] = fleet + [item for item in items if E2E not in item.path.parents]
 
 
