@@ -11,6 +11,8 @@ import threading
 import time
 import uuid
 
+from tffleet.errors import InvalidRequest
+
 _id_lock = threading.Lock()
 _id_last = (0, 0)  # (unix ms, 74 random-or-counter bits) of the last id this process made
 
@@ -51,3 +53,12 @@ def new_job_id() -> str:
     value |= 0x2 << 62  # RFC 4122 variant
     value |= tail & ((1 << 62) - 1)  # 62 bits (rand_b)
     return str(uuid.UUID(int=value))
+
+
+def cursor_id(cursor: str) -> str:
+    """The id a listing's `cursor` names, in canonical form: ids compare as strings, so "{...}",
+    upper-case or unhyphenated spellings of the same UUID would page from the wrong place."""
+    try:
+        return str(uuid.UUID(cursor))
+    except ValueError:
+        raise InvalidRequest(f"cursor: {cursor!r} is not a cursor this API returned") from None

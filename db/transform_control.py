@@ -9,7 +9,6 @@ and writes their specs (`plan_shards`, `shard_jobs`). Called by the API (api/rou
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,7 +18,7 @@ from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from db import clock, jobs, webhooks
-from db.ids import new_job_id
+from db.ids import cursor_id, new_job_id
 from db.models import Job, JobInput, JobStatus, Transform, TransformStatus
 from db.transform_keys import find_keyed, insert_unless_key_taken
 from db.transform_views import Running, part_uri, shard_errors_uri, transform_out
@@ -243,11 +242,7 @@ def list_transforms(
     if tenant is not None:
         query = query.where(Transform.tenant == tenant)
     if cursor is not None:
-        try:
-            canonical = str(uuid.UUID(cursor))
-        except ValueError:
-            raise InvalidRequest(f"cursor: {cursor!r} is not a cursor this API returned") from None
-        query = query.where(Transform.id < canonical)
+        query = query.where(Transform.id < cursor_id(cursor))
     found = list(session.scalars(query.execution_options(populate_existing=True)))
     next_cursor = found[limit - 1].id if len(found) > limit else None
     return found[:limit], next_cursor

@@ -7,13 +7,13 @@ ids a wake-up names, whether a version still has work).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Row, bindparam, func, select
 from sqlalchemy.orm import Session
 
+from db.ids import cursor_id
 from db.jobs._common import _QUEUED, _UNFINISHED, _jobs, _waiting
 from db.models import Job, JobStatus
 from tffleet.errors import InvalidRequest, JobNotFound
@@ -132,13 +132,7 @@ def list_jobs(
     if model is not None:
         query = query.where(Job.model == model)
     if cursor is not None:
-        try:
-            # Ids compare as strings: "{...}", upper case or unhyphenated spellings of the same
-            # UUID would page from the wrong place, so compare the canonical form.
-            canonical = str(uuid.UUID(cursor))
-        except ValueError:
-            raise InvalidRequest(f"cursor: {cursor!r} is not a cursor this API returned") from None
-        query = query.where(Job.id < canonical)
+        query = query.where(Job.id < cursor_id(cursor))
     jobs = list(session.scalars(query))
     next_cursor = jobs[limit - 1].id if len(jobs) > limit else None
     return jobs[:limit], next_cursor
