@@ -52,8 +52,10 @@ schemathesis.serializer.alias("application/x-npy", "application/octet-stream")
 # never 5xx.
 REJECTED = {400, 401, 413, 415, 422}
 
-# Bounded so that the file runs in well under two minutes.
-EXAMPLES_PER_OPERATION = 50
+# Bounded so that the file runs in about a minute: the schema has some forty operations, each
+# fuzzed both ways, and the findings of the first examples of each are what the later ones repeat.
+EXAMPLES_PER_OPERATION = 25
+FRAMING_HEADERS = {"content-length", "transfer-encoding", "host", "connection", "expect"}
 INVALID_BODIES = 600
 VALID_BODIES = 40
 
@@ -177,6 +179,14 @@ def _fuzz_operation(
     def run(case: schemathesis.Case) -> None:
         if isinstance(case.query, dict) and "wait" in case.query:
             case.query["wait"] = 0  # a long-poll on a job that exists would hold 30 s
+        if case.headers:
+            # The HTTP server, not the app, answers a malformed framing header (400 before any
+            # route runs): a made-up `Content-Length` tests uvicorn, not our schema.
+            case.headers = {
+                name: value
+                for name, value in case.headers.items()
+                if name.lower() not in FRAMING_HEADERS
+            }
         response = case.call(base_url=url, timeout=30, headers=headers)
         case.validate_response(response, checks=checks)
 
