@@ -4,10 +4,12 @@ before the forward pass, and the outputs too large for a row, written as whole `
 Inputs. `Objects.fetch` gets every object a batch's references name, in parallel (a small pool
 of threads), from the feeder's thread (worker/feeder.py `Feeder.hold`): while the device runs
 batch k, the objects of batch k+1 arrive. Each object is one buffer that numpy views without a
-copy (`ObjectStore.get`), so a job that runs alone copies none of its inputs and a batch of
-several copies once, where decode joins them (worker/pipeline.py). A part of a split job reads
-only its own rows' bytes of its job's object (`ObjectStore.get_range`): its inputs are handed
-on pointing at that range (`Fetched.inputs`), so the part's data is still not copied.
+copy (`ObjectStore.get`; a directory store's big ones are memory maps of their files, never
+read into memory of ours), so a job that runs alone copies none of its inputs and a batch of
+several copies once, where decode joins them (worker/pipeline.py); TensorFlow takes a mapped
+object, or a joined batch, as it is (worker/runtime/feed.py). A part of a split job reads only
+its own rows' bytes of its job's object (`ObjectStore.get_range`): its inputs are handed on
+pointing at that range (`Fetched.inputs`), so the part's data is still not copied.
 
 Outputs. An output over `inline_max_bytes` (numeric and bool dtypes: a string tensor's layout is
 ours, not .npy's) is written whole to `<tenant>/jobs/<job id>/outputs/<name>.npy` and packed as a

@@ -1,16 +1,20 @@
 """A stream into a directory store, written without obstore (tffleet/objectstore/files.py): the
-same object obstore would have written, and nothing on disk when it fails or is cancelled."""
+same object obstore would have written, and nothing on disk when it fails or is cancelled; and
+its objects read back without obstore, the big ones as memory maps."""
 
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tffleet.objectstore import ObjectStore, StoreUnavailable, files, open_store
+from tffleet import tensors
+from tffleet.objectstore import ObjectMissing, ObjectStore, StoreUnavailable, files, open_store
 
 pytestmark = pytest.mark.anyio
 
@@ -100,3 +104,44 @@ async def test_a_file_system_that_refuses_is_store_unavailable(
     (root / "t").write_bytes(b"a file where a folder must go")
     with pytest.raises(StoreUnavailable):
         await store.put_stream_async("t/x.npy", chunks_of(b"data", 2))
+
+
+def test_a_big_object_is_read_as_a_map_of_its_file_that_outlives_its_deletion(
+    store: ObjectStore,
+) -> None:
+    array = np.arange(files.MAP_MIN_BYTES // 4 * 3, dtype=np.float32).reshape(-1, 3)
+    data, reference = tensors.npy_object("t/jobs/j/inputs/x.npy", array)
+    store.put(reference.key, data)
+    whole = store.get(reference.key)
+    assert isinstance(whole.obj, mmap.mmap)
+    viewed = tensors.unpack(tensors.pack({}, {"x": reference}), {reference.key: whole})["x"]
+    assert np.array_equal(viewed, array) and np.shares_memory(viewed, np.asarray(whole))
+    # The data starts 64-byte aligned, as the page the map starts on and the .npy header make it.
+    assert viewed.ctypes.data % 64 == 0
+    rows = store.get_range(reference.key, reference.offset + 12, reference.offset + 36)
+    assert isinstance(rows.obj, mmap.mmap)
+    assert np.array_equal(np.frombuffer(rows, dtype=np.float32), array[1:3].ravel())
+    # Private: a write into the map (TensorFlow's, into memory it took) never reaches the file.
+    np.frombuffer(whole, dtype=np.uint8)[reference.offset :] = 0
+    assert np.array_equal(
+        tensors.unpack(
+            tensors.pack({}, {"x": reference}), {reference.key: store.get(reference.key)}
+        )["x"],
+        array,
+    )
+    store.delete([reference.key])  # a map reads on after the file is gone
+    assert not np.frombuffer(whole, dtype=np.uint8)[reference.offset :].any()
+    with pytest.raises(ObjectMissing):
+        store.get(reference.key)
+
+
+def test_a_small_object_is_read_and_a_range_past_the_end_ends_there(store: ObjectStore) -> None:
+    store.put("t/small.bin", b"0123456789")
+    assert bytes(store.get("t/small.bin")) == b"0123456789"
+    assert bytes(store.get_range("t/small.bin", 4, 100)) == b"456789"
+    assert bytes(store.get_range("t/small.bin", 20, 30)) == b""
+    big = bytes(range(256)) * (files.MAP_MIN_BYTES // 256 + 1)
+    store.put("t/big.bin", big)
+    assert bytes(store.get_range("t/big.bin", len(big) - 3, len(big) + 10)) == big[-3:]
+    with pytest.raises(ObjectMissing):
+        store.get_range("t/none.bin", 0, 1)

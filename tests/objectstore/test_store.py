@@ -59,7 +59,7 @@ def test_get_returns_a_buffer_numpy_wraps_without_a_copy(object_store: ObjectSto
     buffer = object_store.get("t/a.npy")
     wrapped = np.frombuffer(buffer, dtype=np.float32)
     assert np.array_equal(wrapped, array)
-    # The array's memory is the bytes obstore read (an `obstore.Bytes`), not a copy of them.
+    # The array's memory is the bytes read (an `obstore.Bytes`, a directory's own), not a copy.
     assert not wrapped.flags.owndata
     assert np.shares_memory(wrapped, np.frombuffer(buffer.obj, dtype=np.uint8))
 

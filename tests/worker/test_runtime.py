@@ -17,6 +17,7 @@ from db import jobs
 from db.models import JobStatus
 from tffleet import tensors
 from tffleet.devices import Device, pin_environment
+from tffleet.objectstore import files, open_store
 from worker.batching import Batcher, BatchPolicy
 from worker.repository import ModelConfig, ModelSpec
 
@@ -102,6 +103,29 @@ def test_run_equals_calling_the_keras_model(mlp_model: Exported) -> None:
     assert list(out) == ["output_0"]
     assert isinstance(out["output_0"], np.ndarray)
     np.testing.assert_allclose(out["output_0"], np.asarray(mlp_model.model(x)), rtol=1e-5)
+
+
+def test_an_input_mapped_from_a_directory_store_reaches_tensorflow_without_a_copy(
+    tmp_path: Path, mlp_model: Exported
+) -> None:
+    from worker.runtime.feed import as_tensor
+
+    store = open_store((tmp_path / "objects").as_uri())
+    x = sample(files.MAP_MIN_BYTES // 16 + 1, 4, seed=3)  # over MAP_MIN_BYTES: mapped
+    data, ref = tensors.npy_object("t/jobs/j/inputs/x.npy", x)
+    store.put(ref.key, data)
+    whole = store.get(ref.key)
+    mapped = tensors.unpack(tensors.pack({}, {"x": ref}), {ref.key: whole})["x"]
+    loaded = runtime.load(spec_for(mlp_model))
+    expected = np.asarray(mlp_model.model(x))
+    np.testing.assert_allclose(loaded.run({"x": mapped})["output_0"], expected, rtol=1e-5)
+
+    viewed = as_tensor(mapped, "float32")
+    np.frombuffer(whole, dtype=np.float32, offset=ref.offset)[:4] = 7  # the map's private copy
+    assert viewed.numpy()[0].tolist() == [7.0] * 4  # the tensor is that memory, not a copy
+    assert not mapped.flags.writeable  # still read-only to the code that reads the inputs
+    inline = tensors.unpack(tensors.pack({"x": x}))["x"]  # read-only bytes: copied, as before
+    np.testing.assert_array_equal(as_tensor(inline, "float32").numpy(), x)
 
 
 def test_warm_up_runs_every_bucket_size(mlp_model: Exported) -> None:

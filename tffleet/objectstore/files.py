@@ -1,4 +1,4 @@
-"""A stream written into a directory store (`file://`) without obstore.
+"""A directory store's (`file://`) streams written, and its objects read, without obstore.
 
 obstore's writer takes one call, and a hop to its runtime's threads and back, per chunk: a
 12.6 MB body in uvicorn's 64 KiB chunks cost 14 ms of CPU that way, 4 ms written here (the
@@ -6,12 +6,21 @@ kernel's copy into the page cache, most of it). The file is laid out as obstore'
 lays out its own (the key's path under the root, a staging file `<name>#<id>` beside it that
 its listings skip, renamed into place once whole), so every other call reads it through
 obstore as if obstore had written it.
+
+Reads (`read`): an object of MAP_MIN_BYTES or more is memory-mapped, not read: the buffer is
+the page cache's own pages, so a worker's 12.6 MB input costs no copy, no fresh memory zeroed
+and faulted in, and no memset (obstore's read does all three: 1.5 ms of CPU per 12.6 MB read
+alone, 3 to 7 ms per job in a busy worker's store thread; mapped and every page touched, 0.06
+ms). Objects are never changed in place (written beside and renamed, as above), and a mapping
+outlives the file's deletion, so a reader never sees an object change under it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import mmap
 import os
 import re
 import threading
@@ -24,6 +33,9 @@ from pathlib import Path
 BATCH_BYTES = 2 * 1024 * 1024
 # ... or of this many chunks, well under the most one `writev` takes (IOV_MAX, 1024 on Linux).
 BATCH_CHUNKS = 256
+# Objects at least this big are read as a memory map (`read`), smaller ones by a `pread`: a map
+# costs two more system calls and holds a file descriptor as long as its buffer lives.
+MAP_MIN_BYTES = 1024 * 1024
 # Keys that LocalStore keeps under the same path on disk (it escapes other characters): those
 # `keys` makes. Others go through obstore's writer.
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.:-]+(/[A-Za-z0-9_.:-]+)*")
@@ -111,3 +123,33 @@ async def write_stream(path: Path, chunks: AsyncIterator[bytes]) -> int:
         staged.abandon()
         raise
     return written
+
+
+def read(path: Path, start: int = 0, end: int | None = None) -> memoryview:
+    """Bytes `start` to `end` (None: all; past the end: to there) of a directory store's
+    object: a view of a private memory map of the file if it is MAP_MIN_BYTES or more (read by
+    nothing until used; written, it changes the reader's copy alone), else the bytes read.
+    FileNotFoundError when there is none."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        end = size if end is None else max(0, min(end, size))
+        start = min(max(0, start), end)
+        if size >= MAP_MIN_BYTES:
+            try:
+                # Private (copy-on-write): what a reader writes, TensorFlow say, where it takes
+                # the memory as its own (worker/runtime/feed.py), never reaches the file. The
+                # mapping keeps a descriptor of its own (Python's mmap dups it).
+                return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_COPY))[start:end]
+            except OSError as exc:  # out of descriptors or maps: read it instead
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                    raise
+        data = os.pread(fd, end - start, start)
+        while len(data) < end - start:  # a regular file reads short only at its end
+            more = os.pread(fd, end - start - len(data), start + len(data))
+            if not more:
+                break
+            data += more
+        return memoryview(data)
+    finally:
+        os.close(fd)

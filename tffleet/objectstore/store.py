@@ -181,8 +181,11 @@ class ObjectStore:
     # ─── Reads ──────────────────────────────────────────────────────────────────────────────────
 
     def get(self, key: str) -> memoryview:
-        """The whole object, as a read-only buffer that numpy wraps without a copy."""
+        """The whole object, as a buffer that numpy wraps without a copy (a directory store's
+        big ones: private memory maps of their files, tffleet/objectstore/files.py `read`)."""
         with _translated(key):
+            if self._directory is not None and files.plain(key):
+                return files.read(self._directory / key)
             return memoryview(obstore.get(self._store, key).bytes())
 
     async def get_async(self, key: str) -> memoryview:
@@ -195,6 +198,8 @@ class ObjectStore:
         buffer numpy wraps without a copy: a part of a split job reads its own rows alone. A
         range past the object's end ends there (the reader finds it short)."""
         with _translated(key):
+            if self._directory is not None and files.plain(key):
+                return files.read(self._directory / key, start, end)
             return memoryview(obstore.get_range(self._store, key, start=start, end=end))
 
     async def get_range_async(self, key: str, start: int, end: int) -> memoryview:

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from worker.repository import ModelSpec
 from worker.runtime.base import Runtime, first_line, tensor_spec
+from worker.runtime.feed import as_tensor
 
 SINGLE_OUTPUT = "output_0"
 
@@ -106,7 +107,7 @@ class KerasRuntime(Runtime):
 
     def _forward(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         features = tf.nest.map_structure(
-            lambda name: tf.constant(batch[name], dtype=self.inputs[name]["dtype"]),
+            lambda name: as_tensor(batch[name], self.inputs[name]["dtype"]),
             self._input_names,
         )
         result = tf.nest.flatten(self._call(features))

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from worker.repository import ModelSpec
 from worker.runtime.base import Runtime, first_line, tensor_spec
+from worker.runtime.feed import as_tensor
 
 
 def _spec(spec: tf.TensorSpec) -> dict[str, Any]:
@@ -42,7 +43,7 @@ class SavedModelRuntime(Runtime):
 
     def _forward(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         result = self._fn(
-            **{name: tf.constant(batch[name], dtype=s["dtype"]) for name, s in self.inputs.items()}
+            **{name: as_tensor(batch[name], s["dtype"]) for name, s in self.inputs.items()}
         )
         return {name: value.numpy() for name, value in result.items()}
 
