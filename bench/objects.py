@@ -576,7 +576,7 @@ def fleet_rows(fleet: dict[str, Any]) -> list[tuple[str, float, str]]:
     print(
         f"(3) the database grew {per_job / 1024:.1f} KB per job ({fleet['db_jobs']} jobs): a "
         f"job's inputs blob {fleet['inputs_blob']:.0f} B, its outputs blob {outputs:.0f} B "
-        "(256 x 10 float32: inline under TFFLEET_INLINE_MAX_BYTES), the rest "
+        "(256 x 10 float32, 10 KiB: a reference over TFFLEET_INLINE_MAX_BYTES), the rest "
         f"{(per_job - fleet['inputs_blob'] - outputs) / 1024:.1f} KB (rows, indexes, uploads)"
     )
     return [

@@ -41,8 +41,10 @@ class Settings(BaseSettings):
     # a web app's single jobs never wait behind a transform.
     transform_priority: int = Field(default=-10, ge=-1000, le=1000)
     # Inputs and outputs larger than this (bytes, as `.npy`) live in the object store, their job
-    # holding a reference to them; smaller ones are kept inline in the database.
-    inline_max_bytes: int = Field(default=256 * 1024, ge=0)
+    # holding a reference to them; smaller ones are kept inline in the database. 8 KiB keeps a
+    # job's row small (a one-sample input of 1024 float32, 4 KiB, stays inline; a CNN job's 10 KiB
+    # of outputs go to the store); a medium input then costs the API a write to the store.
+    inline_max_bytes: int = Field(default=8 * 1024, ge=0)
     # The largest body streamed into the store, never held (POST /v1/uploads, a large .npy job
     # body, a dataset file's PUT /v1/datasets/{path}; 413 past it), and how long an upload is
     # kept (longer while a job that names it keeps its inputs).

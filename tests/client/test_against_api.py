@@ -81,7 +81,10 @@ class InProcess:
 @pytest.fixture
 async def api(sqlite_url: str, redis_url: str) -> AsyncIterator[InProcess]:
     api_key = register_models(sqlite_url)
-    app = create_app(Settings(database_url=sqlite_url, broker_url=redis_url))
+    # Its arrays (64 KiB and less) stay inline, as the fake worker reads them: the object store's
+    # way is tests/client/test_objects.py's.
+    settings = Settings(database_url=sqlite_url, broker_url=redis_url, inline_max_bytes=1 << 18)
+    app = create_app(settings)
     worker = FakeWorker(sqlite_url, redis_url)
     try:
         async with app.router.lifespan_context(app):

@@ -161,7 +161,7 @@ def test_the_limit_is_the_clients_own_and_none_uploads_nothing() -> None:
         client.submit("double", {"x": BIG})
     assert server.paths() == [("POST", "/v1/jobs")]  # an .npz body, as before uploads
     assert server.requests[0].headers["content-type"] == tensors.NPZ
-    assert DEFAULT_INLINE_MAX_BYTES == 256 * 1024  # the API's own default
+    assert DEFAULT_INLINE_MAX_BYTES == 256 * 1024  # over the API's 8 KiB: one request
 
 
 def test_a_bare_array_goes_as_an_npy_body_which_the_api_stores_itself() -> None:
@@ -327,8 +327,9 @@ async def test_the_async_client_fetches_them_as_the_blocking_one_does() -> None:
 
 def finish_storing(database_url: str, redis_url: str, store: ObjectStore, job_id: str) -> None:
     """Play the worker: read the job's inputs (from the store where they are references), run
-    `fake_model`, write each output over the API's inline limit to the store as an .npy, the
-    others inline, complete the job, and announce it."""
+    `fake_model`, write each output over DEFAULT_INLINE_MAX_BYTES (256 KiB, where the API's 8
+    KiB would put every output in the store: one there, one inline) to the store as an .npy,
+    the others inline, complete the job, and announce it."""
     engine = make_engine(database_url)
     sessions = make_sessionmaker(engine)
     try:

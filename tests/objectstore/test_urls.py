@@ -65,7 +65,7 @@ def test_the_default_store_is_a_directory_beside_the_default_database(
     monkeypatch.delenv("TFFLEET_INLINE_MAX_BYTES", raising=False)
     monkeypatch.chdir(tmp_path)
     settings = Settings()
-    assert settings.inline_max_bytes == 256 * 1024
+    assert settings.inline_max_bytes == 8 * 1024
     open_store(settings.object_store).put("t/x.npy", b"1")
     assert (tmp_path / ".tffleet" / "objects" / "t" / "x.npy").read_bytes() == b"1"
 

@@ -5,10 +5,11 @@ from the array's own buffer, never copied into one body) and the job names it `{
 an output too big for the API to inline comes back as `{"uri", "dtype", "shape"}`, fetched here
 (`GET /v1/jobs/{id}/outputs/{name}`, an .npy) so that `Job.outputs` holds arrays either way.
 
-The API's own limit is TFFLEET_INLINE_MAX_BYTES, which a client cannot read: it uses its own,
-`DEFAULT_INLINE_MAX_BYTES` (the API's default) unless told otherwise. The two need not agree: an
+The API's own limit is TFFLEET_INLINE_MAX_BYTES (8 KiB by default), which a client cannot read:
+it uses its own, `DEFAULT_INLINE_MAX_BYTES`, unless told otherwise. The two need not agree: an
 input over the API's limit that the client sends inline is stored by the API itself, just with
-its bytes in the request.
+its bytes in the request. The client's is higher (256 KiB): a medium input goes in the job's
+own request, one round trip, where an upload first would take two.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from tffleet.client.errors import HTTPStatusError, ProtocolError
 from tffleet.client.job import Job, OutputRef, is_envelope
 from tffleet.client.protocol import Call, Plan, Retries, Stream, send
 
-DEFAULT_INLINE_MAX_BYTES = 256 * 1024  # TFFLEET_INLINE_MAX_BYTES's default on the API
+# Arrays over this are uploaded before their job (see above; the API's own limit is lower).
+DEFAULT_INLINE_MAX_BYTES = 256 * 1024
 # Uploads of at least this many bytes together show a progress bar (when stderr is a terminal).
 PROGRESS_MIN_BYTES = 64 * 1024 * 1024
 # What one chunk of an upload holds: a slice of the array's buffer, sent as it is.
