@@ -48,6 +48,13 @@ _GAUGES: tuple[tuple[str, str, Callable[[Backlog], float]], ...] = (
         "1 while jobs are queued or running and no child is ready, else 0",
         lambda b: float(b.without_capacity),
     ),
+    (
+        "tffleet_model_stalled_seconds",
+        "Seconds jobs of a version have been queued, with live children holding it, and none of "
+        "them claiming (0: not stalled): workers connected but not consuming; alert above "
+        "TFFLEET_STALL_WARN_S",
+        lambda b: b.stalled_s,
+    ),
 )
 
 

@@ -48,6 +48,10 @@ class Holding:
     since: datetime
     error: str | None = None
     busy: float | None = None  # the device's busy share running it over the last minute
+    # When the child last took work of it, as of one of its reports (the database's time that
+    # report wrote): the child says which versions it claimed since its last report and carries
+    # the time forward (worker/holdings.py). Never the child's own clock.
+    claimed_at: datetime | None = None
 
 
 def report(
@@ -77,6 +81,7 @@ def report(
                     "since": h.since,
                     "seen_at": now,
                     "busy": h.busy,
+                    "claimed_at": h.claimed_at,
                 }
                 for h in holdings
             ],

@@ -149,6 +149,10 @@ class Settings(BaseSettings):
     # The models a worker's children serve, comma-separated; unset: every model in the
     # repository, including models added to it later. `tffleet worker --models` sets it.
     worker_models: str | None = None
+    # A model whose jobs wait while live children hold its version and none has claimed any for
+    # longer than this is stalled (consumers connected but not consuming, as Celery workers after
+    # a Redis failover): the console warns. Above a poll and a long batch.
+    stall_warn_s: float = Field(default=60.0, gt=0)
 
     # A child must finish loading and warming its models within this time, or Celery kills it.
     model_load_timeout_s: float = Field(default=600.0, gt=0)

@@ -4,13 +4,22 @@ Each version the child has tried is in one state (`db.models.PresenceState`): lo
 draining or failed. The whole of it is written to `db.presence` on every change and every poll,
 with the device's busy share per version (worker/busy.py): the API reads it to know which
 versions some live child can run, the sweeper to know whose jobs to wake.
+
+With each version goes `claimed_at`: the database's time of the last report at which the child
+had taken work of it since its report before (claimed jobs of it in a task that ended, or was
+running a task of it then: a long batch or a transform's shard is work, not a stall). The task
+thread only notes the claim in memory (`claimed`, `working`): no write per claim, and no time of
+this host's clock, which may be off (the report's time is the database's). db/backlog.py reads
+it to see a fleet whose consumers are connected but take nothing (`Backlog.stalled_s`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +27,7 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import presence
+from db import clock, presence
 from db.models import PresenceState
 from worker.busy import BusyMeter
 
@@ -60,6 +69,12 @@ class Holdings:
         # Guards `_held` and serializes reports (two at once would collide on PostgreSQL).
         self._lock = threading.RLock()
         self.changed = False  # since the last report
+        # Its own lock: the task thread never waits on a report's database write.
+        self._claims_lock = threading.Lock()
+        self._claimed: dict[Key, float] = {}  # time.monotonic() of each version's last claim
+        self._working: dict[Key, int] = {}  # tasks of each version running now
+        self._reported = float("-inf")  # time.monotonic() when the last report began
+        self._claimed_at: dict[Key, datetime] = {}  # as reported (the database's time)
 
     def get(self, key: Key) -> Held | None:
         with self._lock:
@@ -86,7 +101,40 @@ class Holdings:
         held = self.get(key)
         return held.error if held is not None and held.state == PresenceState.FAILED else None
 
-    def as_reported(self) -> list[presence.Holding]:
+    def claimed(self, key: Key) -> None:
+        """The task thread claimed jobs of this version: the next report says so."""
+        with self._claims_lock:
+            self._claimed[key] = time.monotonic()
+
+    @contextmanager
+    def working(self, key: Key) -> Iterator[None]:
+        """A task of this version runs in the block: every report meanwhile counts as a claim."""
+        with self._claims_lock:
+            self._working[key] = self._working.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._claims_lock:
+                self._working[key] -= 1
+                if not self._working[key]:
+                    del self._working[key]
+
+    def _claims_at(self, now: datetime) -> dict[Key, datetime]:
+        """Each held version's `claimed_at` for a report written at `now`: `now` for those claimed
+        since the last report began (or being worked), the time reported before for the rest."""
+        with self._claims_lock:
+            fresh = {key for key, at in self._claimed.items() if at >= self._reported}
+            fresh.update(self._working)
+        with self._lock:
+            held = set(self._held)
+        found = {key: at for key, at in self._claimed_at.items() if key in held}
+        found.update((key, now) for key in fresh if key in held)
+        return found
+
+    def as_reported(
+        self, claimed_at: Mapping[Key, datetime] | None = None
+    ) -> list[presence.Holding]:
+        claimed_at = self._claimed_at if claimed_at is None else claimed_at
         shares = self.busy.shares()
         with self._lock:
             return [
@@ -98,6 +146,7 @@ class Holdings:
                     since=held.since,
                     error=held.error,
                     busy=shares.get((name, version)) if shares else None,
+                    claimed_at=claimed_at.get((name, version)),
                 )
                 for (name, version), held in sorted(self._held.items())
             ]
@@ -108,10 +157,20 @@ class Holdings:
         Raises SQLAlchemyError when the database fails.
         """
         with self._lock:
+            # A claim noted while this report is written counts in the next one too: none is lost.
+            began = time.monotonic()
             with self.sessions.begin() as session:
                 if change is not None:
                     change(session)
-                presence.report(session=session, child=self.child, holdings=self.as_reported())
+                now = clock.now(session)
+                claimed_at = self._claims_at(now)
+                presence.report(
+                    session=session,
+                    child=self.child,
+                    holdings=self.as_reported(claimed_at),
+                    now=now,
+                )
+            self._claimed_at, self._reported = claimed_at, began
             self.changed = False
 
     def report_quietly(self, change: Callable[[Session], object] | None = None) -> None:

@@ -21,14 +21,21 @@ log = logging.getLogger(__name__)
 def run_batch(model: str, version: int, job_ids: list[str]) -> dict[str, int]:
     """Run the named jobs of one model version, topped up with other queued jobs."""
     current = child.current()
-    with current.model_set.use((model, version)) as loaded:
+    key = (model, version)
+    held = current.model_set.held
+    with current.model_set.use(key) as loaded:
         if loaded is not None:
-            return current.batcher.run(
-                model=model,
-                version=version,
-                job_ids=job_ids,
-                runner=loaded.runner,
-                policy=loaded.policy,
-                task_id=run_batch.request.id,
-            ).as_dict()
+            # What the child's presence reports as its last claim (db/backlog.py `stalled_s`).
+            with held.working(key):
+                report = current.batcher.run(
+                    model=model,
+                    version=version,
+                    job_ids=job_ids,
+                    runner=loaded.runner,
+                    policy=loaded.policy,
+                    task_id=run_batch.request.id,
+                )
+            if report.claimed:
+                held.claimed(key)
+            return report.as_dict()
     return current.turn_away(model, version, job_ids).as_dict()

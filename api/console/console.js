@@ -107,6 +107,15 @@ function draw(o) {
     el("td", { class: "num" }, age(m.oldest_queued_s)),
     el("td", {}, ...holders(m.holders)),
   ], "No model is registered yet: start a worker on a model repository.");
+  // A model whose jobs wait beside ready children that claim none (TFFLEET_STALL_WARN_S).
+  const stalled = $("stalled");
+  stalled.replaceChildren();
+  for (const s of o.stalled || []) {
+    stalled.append(el("p", { class: "error stalled" },
+      `${s.model}: ${s.queued} jobs queued, ${s.ready_children} children ready, no claim for `
+      + `${Math.round(s.stalled_s)} s: consumers connected but not consuming; restart the `
+      + "workers (see Operate and recover, \"A stalled model\")"));
+  }
   const errors = $("load-errors");
   errors.replaceChildren();
   for (const e of o.load_errors) {

@@ -40,6 +40,7 @@ from db import (
     tenants,
     transform_control,
 )
+from db.backlog import per_model as backlog_per_model
 from db.models import JobStatus, ModelPresence
 from db.tenants import Limits
 from db.views import iso_utc, job_out, output_uri
@@ -70,7 +71,8 @@ async def page() -> Response:
 async def overview(request: Request) -> Response:
     """The fleet at a glance, for the console: each model version with the live children
     holding it (host, device, state, busy share) and its queued and running jobs and oldest
-    queued age; the devices; the tenants with their queued jobs and quotas; jobs ended and
+    queued age; the models stalled past TFFLEET_STALL_WARN_S (jobs queued, children ready, no
+    claim: `stalled`); the devices; the tenants with their queued jobs and quotas; jobs ended and
     their latency per minute over the last 15 minutes; the latest failures; storage (the
     database's size, the jobs that keep their inputs, and how long each thing is kept); the
     latest transforms with their progress. Admin keys only."""
@@ -121,6 +123,8 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
         failures = console.latest_failures(session=session, since=now - FAILURES_SINCE)
         known = tenants.list_tenants(session=session)
         recent_transforms = transform_control.recent(session=session, now=now)
+        # What the gauges say (tffleet_model_stalled_seconds): the console warns past the setting.
+        per_model = backlog_per_model(session=session, poll_s=settings.model_poll_s, now=now)
         if time.monotonic() - cache.storage_at > _STORAGE_FRESH_S:
             cache.storage, cache.storage_at = _storage(session, state), time.monotonic()
     cache.keep(minutes, now)
@@ -147,6 +151,19 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
                 "holders": [_holder(row) for row in v.holders],
             }
             for v in found.versions
+        ],
+        # Models whose jobs wait beside ready children and none claimed for TFFLEET_STALL_WARN_S:
+        # consumers connected but not consuming (docs: operate-and-recover.md#a-stalled-model).
+        "stall_warn_s": settings.stall_warn_s,
+        "stalled": [
+            {
+                "model": name,
+                "queued": b.queued,
+                "ready_children": b.ready_children,
+                "stalled_s": b.stalled_s,
+            }
+            for name, b in per_model.items()
+            if b.stalled_s > settings.stall_warn_s
         ],
         "load_errors": [
             {"model": r.name, "version": r.version or None, "error": r.error or "", **_holder(r)}

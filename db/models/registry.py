@@ -61,6 +61,10 @@ class ModelPresence(Base):
     # The share of the last minute (0 to 1) the child's device spent running this version's
     # forward passes, as of `seen_at`; null until the child has a minute's reports.
     busy: Mapped[float | None] = mapped_column(Float)
+    # The last report (by the database's clock) at which the child had taken work of this
+    # version since its report before: claimed jobs of it, or was running a task of it. Null
+    # until it has. db/backlog.py reads it for `stalled_s`: consumers connected, not consuming.
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
     __table_args__ = (
         Index("ix_model_presence_model", "name", "version", "seen_at"),

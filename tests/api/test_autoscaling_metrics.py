@@ -33,6 +33,7 @@ GAUGES = (
     "tffleet_ready_children",
     "tffleet_backlog_per_child",
     "tffleet_backlog_without_capacity",
+    "tffleet_model_stalled_seconds",
 )
 
 
@@ -199,6 +200,40 @@ async def test_a_backlog_without_children_scales_from_zero(api: Api, sessions: S
     assert pair["tffleet_backlog_per_child"] == 7  # as if one child: a target of N gives 7/N
     assert pair["tffleet_backlog_without_capacity"] == 1
     assert scraped["tffleet_backlog_without_capacity"]["mlp"] == 0  # nothing waits
+
+
+@pytest.mark.both_databases
+async def test_a_model_with_ready_children_that_claim_nothing_reads_stalled(
+    api: Api, sessions: Sessions
+) -> None:
+    # mlp: children connected, none claiming for 90 s (Celery consumers after a Redis failover).
+    backdate(sessions, add_jobs(sessions, 3), seconds=300)
+    # pair: as deep a backlog, claimed a moment ago: slow, not stalled.
+    backdate(sessions, add_jobs(sessions, 3, model="pair"), seconds=300)
+    with sessions.begin() as session:
+        now = clock.now(session)
+        for name, claimed_ago_s in (("mlp", 90), ("pair", 1)):
+            presence.report(
+                session=session,
+                child=presence.Child(id=f"child-{name}", host="h", pid=1, device="cpu:0"),
+                holdings=[
+                    presence.Holding(
+                        name=name,
+                        version=1,
+                        state=LOADED,
+                        path=f"/m/{name}/1",
+                        since=now,
+                        claimed_at=now - timedelta(seconds=claimed_ago_s),
+                    )
+                ],
+                now=now,
+            )
+
+    stalled = (await scrape(api))["tffleet_model_stalled_seconds"]
+
+    assert 90 <= stalled["mlp"] < 110
+    assert stalled["pair"] < 10
+    assert stalled["count"] == 0  # nothing queued
 
 
 async def test_the_gauges_are_read_again_after_a_second(api: Api, sessions: Sessions) -> None:

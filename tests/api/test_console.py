@@ -7,12 +7,15 @@ The page itself, in a real browser: tests/browser/test_console.py.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import numpy as np
 import pytest
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import jobs, tenants
-from db.models import JobErrorCode, PresenceState
+from db import clock, jobs, tenants
+from db.models import Job, JobErrorCode, PresenceState
 from tests.api.conftest import Api, finish_job
 from tests.api.test_models import report
 
@@ -94,6 +97,26 @@ async def test_the_overview_shows_models_holders_devices_tenants_minutes_and_fai
     assert [f["id"] for f in o["failures"]] == [failed]
     assert o["failures"][0]["code"] == "model_error" and o["failures"][0]["message"] == "boom"
     assert set(queued).isdisjoint(f["id"] for f in o["failures"])
+    assert o["stalled"] == []  # queued a moment ago: not past TFFLEET_STALL_WARN_S
+
+
+async def test_the_overview_warns_of_a_model_whose_ready_children_claim_nothing(
+    api: Api, sessions: Sessions
+) -> None:
+    report(sessions, "cpu:0", ("mlp", 2, PresenceState.LOADED))  # never claimed
+    waiting = await submit(api)
+    with sessions.begin() as session:
+        at = clock.now(session) - timedelta(seconds=120)
+        session.execute(update(Job).where(Job.id == waiting).values(created_at=at))
+
+    o = (await api.client.get("/v1/console/overview")).json()
+
+    assert o["stall_warn_s"] == 60
+    (stalled,) = o["stalled"]
+    assert {k: v for k, v in stalled.items() if k != "stalled_s"} == {
+        "model": "mlp", "queued": 1, "ready_children": 1,
+    }  # fmt: skip
+    assert 120 <= stalled["stalled_s"] < 140
 
 
 async def test_a_job_shows_its_timeline_and_its_outputs_shapes(
