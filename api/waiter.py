@@ -9,11 +9,10 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterator
 
-import redis.asyncio as aioredis
-
 from tffleet import announcements
 from tffleet.announcements import EndedJob
 from tffleet.constants import JOBS_DONE_CHANNEL
+from tffleet.redis_urls import async_redis_client
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +135,7 @@ class CompletionWaiter:
         while True:
             # A hung Redis is found by the health check's PING (a poll re-reads the database
             # meanwhile); a connect gives up quickly.
-            client = aioredis.Redis.from_url(
+            client = async_redis_client(
                 self._url, socket_connect_timeout=2, health_check_interval=10
             )
             try:

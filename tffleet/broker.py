@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 
 from celery import Celery
 
+from tffleet.redis_urls import celery_broker
 from tffleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,13 @@ def make_celery(
 ) -> Celery:
     """A Celery app on the fleet's broker; `include` names the modules that define tasks (the
     worker's), none for an app that only publishes (which passes PUBLISH_SOCKET_TIMEOUT_S)."""
-    app = Celery("tffleet", broker=settings.broker_url, include=list(include))
+    # A sentinel:// URL: kombu's form of it, and the master's name in the transport options.
+    broker_url, sentinel_options = celery_broker(
+        settings.broker_url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_timeout_s,
+    )
+    app = Celery("tffleet", broker=broker_url, include=list(include))
     app.conf.update(
         # JSON only: a pickled message is refused, never executed.
         task_serializer="json",
@@ -85,6 +92,7 @@ def make_celery(
             "visibility_timeout": settings.visibility_timeout_s,
             "socket_timeout": socket_timeout_s,
             "socket_connect_timeout": socket_timeout_s,
+            **sentinel_options,
         },
         broker_connection_timeout=socket_timeout_s,
         # A batch's own time limit (job_timeout_s) is kept by the child itself, which then ends

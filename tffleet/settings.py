@@ -15,7 +15,12 @@ class Settings(BaseSettings):
 
     # The database, the truth of every job (a SQLAlchemy URL: SQLite or PostgreSQL).
     database_url: str = "sqlite:///tffleet.db"
-    # The Redis that carries wake-ups (Celery's broker), news of ended jobs and the sweeper's lock.
+    # The Redis that carries wake-ups (Celery's broker), news of ended jobs and the sweeper's lock:
+    # `redis://[:PASSWORD@]HOST:PORT/DB`, `rediss://` (TLS) or `unix:///PATH?db=N` for one Redis;
+    # for a Redis that fails over, its sentinels in kombu's form with the master's name,
+    # `sentinel://:PASSWORD@HOST1:26379;sentinel://:PASSWORD@HOST2:26379/0?master_name=NAME`
+    # (PASSWORD is the master's; add `&sentinel_password=...` if the sentinels ask for their own).
+    # Redis Cluster is refused (Celery cannot use it), by its URL or by the node answering.
     broker_url: str = "redis://127.0.0.1:6379/0"
     # The models on disk, a folder per version: MODELS/NAME/VERSION.
     model_repository: Path = Path("models")
@@ -165,6 +170,14 @@ class Settings(BaseSettings):
         from tffleet.devices import parse_devices
 
         parse_devices(value)  # raises ValueError with a clear message
+        return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url_parse(cls, value: str) -> str:
+        from tffleet.redis_urls import parse_broker_url
+
+        parse_broker_url(value)  # raises ValueError naming TFFLEET_BROKER_URL
         return value
 
     @field_validator("object_store")

@@ -23,6 +23,7 @@ import redis
 from tffleet import announcements
 from tffleet.announcements import EndedJob
 from tffleet.constants import JOBS_DONE_CHANNEL
+from tffleet.redis_urls import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class Announcer:
     @classmethod
     def connect(cls, broker_url: str, *, key: bytes | None = None) -> Announcer:
         """An announcer on a Redis connection of its own, each call bounded (5 s)."""
-        return cls(redis.Redis.from_url(broker_url, socket_timeout=5), key=key)
+        return cls(redis_client(broker_url, socket_timeout=5), key=key)
 
     def __call__(self, ended: Sequence[str | EndedJob]) -> None:
         if self._key is not None:

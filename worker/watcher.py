@@ -17,6 +17,7 @@ import time
 import redis
 
 from tffleet.constants import MODELS_RELOAD_CHANNEL
+from tffleet.redis_urls import redis_client
 from worker.model_set import ModelSet
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,9 @@ class Watcher:
             asked = False
             try:
                 if channel is None:
-                    channel = redis.Redis.from_url(
-                        self._broker_url, socket_connect_timeout=5
-                    ).pubsub(ignore_subscribe_messages=True)
+                    channel = redis_client(self._broker_url, socket_connect_timeout=5).pubsub(
+                        ignore_subscribe_messages=True
+                    )
                     channel.subscribe(MODELS_RELOAD_CHANNEL)
                 asked = self._listen(channel, poll_s)
                 broker_down = False

@@ -207,13 +207,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    import redis
-
     from tffleet.constants import MODELS_RELOAD_CHANNEL
+    from tffleet.redis_urls import redis_client
     from tffleet.settings import get_settings
 
     settings = get_settings()
-    with redis.Redis.from_url(settings.broker_url, socket_connect_timeout=5) as client:
+    with redis_client(settings.broker_url, socket_connect_timeout=5) as client:
         heard = int(client.publish(MODELS_RELOAD_CHANNEL, b"{}"))
     if not heard:
         print("tffleet: no worker child is listening; nothing was reloaded", file=sys.stderr)

@@ -90,10 +90,12 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from tffleet.redis_urls import refuse_cluster
     from tffleet.settings import get_settings
 
     _apply_overrides(api_host=args.host, api_port=args.port)
     settings = get_settings()
+    refuse_cluster(settings.broker_url)
     metrics_dir = _api_multiprocess_metrics() if args.workers > 1 else None
     try:
         uvicorn.run(
@@ -127,11 +129,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     exporter.prepare_multiprocess_dir()  # before anything imports prometheus_client
     from tffleet.broker import DEFAULT_QUEUE, queue_for
     from tffleet.devices import parse_devices
+    from tffleet.redis_urls import refuse_cluster
     from tffleet.settings import get_settings
     from worker.app import celery_app
     from worker.repository import model_names
 
     settings = get_settings()
+    refuse_cluster(settings.broker_url)  # else its first BRPOP ends it with CROSSSLOT, status 0
     devices = parse_devices(settings.devices)
     names = model_names(settings.model_repository)
     if args.models:
@@ -233,11 +237,11 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    import redis
     from prometheus_client import start_http_server
 
     from db.engine import make_engine, make_sessionmaker
     from tffleet.broker import PUBLISH_SOCKET_TIMEOUT_S, Publisher, make_celery
+    from tffleet.redis_urls import redis_client, refuse_cluster
     from tffleet.settings import get_settings
     from worker.sweeper import Sweeper
     from worker.webhooks import Deliverer
@@ -248,7 +252,8 @@ def cmd_sweeper(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
+    refuse_cluster(settings.broker_url)
+    client = redis_client(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
     engine = make_engine(settings.database_url, pool_size=1)
     sweeper = Sweeper(
         make_sessionmaker(engine),
