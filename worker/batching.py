@@ -144,7 +144,9 @@ class Batcher:
         (`handoff.pass_on`: split in two while they fill more than a batch, so one bulk request
         spreads over every idle child within a few seconds), and the task ends. A task whose
         named jobs went to other children while more wait publishes a wake-up for those
-        (`handoff.keep_awake`): a child never idles beside a backlog for want of a message.
+        (`handoff.keep_awake`): a child never idles beside a backlog for want of a message. A
+        task about to run a transform's shard (seconds alone on its device) passes its named jobs
+        still queued on first (`handoff.before_shard`), so the other shards run beside it.
 
         A named job that was claimed before and did not end (its worker died, its batch timed
         out) may be what killed that batch: it runs alone, after the others, so a job that
@@ -172,10 +174,15 @@ class Batcher:
             while following.batch is not None:
                 batch = following.batch
                 started += 1
+                after = [lease.job_id for lease in [*batch.leases, *batch.shards]]
+                if batch.shards and named:  # the rest of the message goes to other children
+                    named = feeder.named = handoff.before_shard(
+                        named, running=after, task=task, sessions=self.sessions,
+                        peers=self.peers, wake=self.wake,
+                    )  # fmt: skip
                 # Shards first, alone, before the next claim: a child holds one at a time.
                 writer.report.add(self._run_shards(task, batch.shards))
                 more = started < batches and time.monotonic() < budget_ends
-                after = [lease.job_id for lease in [*batch.leases, *batch.shards]]
                 pending = self._feeder_thread.submit(feeder.next, after=after, claim=more)
                 if batch.leases:
                     writer.submit(self._forward(task, batch))
@@ -196,7 +203,10 @@ class Batcher:
         if following.draining:
             drain.leave(named, task=task, sessions=self.sessions, wake=self.wake)
             return report
-        if following.stopped and following.fresh:  # out of batches or time
+        # Named jobs still queued: the task ran out of batches or time, or its claim found them
+        # locked by another child's claim (on PostgreSQL a claim skips the rows another one
+        # holds for a moment, all of its candidates though it takes one shard): never dropped.
+        if following.fresh:
             handoff.pass_on(following.fresh, task=task, wake=self.wake)
         elif following.stopped and self._queue_busy and not self.draining():
             handoff.keep_awake(task=task, sessions=self.sessions, wake=self.wake)

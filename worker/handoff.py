@@ -1,6 +1,7 @@
 """What a child hands to the other children serving a model: a share of a message's named jobs,
-the named jobs it leaves when its task runs out of batches or time, a wake-up for a backlog it
-leaves behind, and the jobs it hands back after a database fault.
+the named jobs it leaves when its task runs out of batches or time or turns to a transform's
+shard, a wake-up for a backlog it leaves behind, and the jobs it hands back after a database
+fault.
 
 Each goes out as a wake-up message (`Wake`), published once the jobs are queued in the database.
 A message is a hint that work waits, never an assignment: the child that takes it claims what
@@ -51,6 +52,38 @@ def pass_on(fresh: Sequence[str], *, task: Task, wake: Wake) -> None:
     half = len(fresh) // 2
     wake(task.model, task.version, fresh[:half])
     wake(task.model, task.version, fresh[half:])
+
+
+def before_shard(
+    named: Sequence[str],
+    *,
+    running: Sequence[str],
+    task: Task,
+    sessions: sessionmaker[Session],
+    peers: Callable[[str, int], int],
+    wake: Wake,
+) -> list[str]:
+    """A task about to run a transform's shard (`running`: the batch it claimed), seconds alone
+    on its device, first hands its named jobs still queued to the other children serving the
+    model (`peers`: how many), a message each naming a share: they run beside the shard, not
+    after it. Returns the named jobs the task keeps: those claimed before, which run alone at
+    its end (worker/batching.py). Alone, a child keeps them all and runs them itself, one after
+    another within its task's budget.
+
+    A transform's shards are named by one message, the submit's (a message names jobs, not their
+    records, so `share` splits none of them): the child that takes it claims a shard and shares
+    out the rest, each child that takes a share does the same with its own, so every idle child
+    has a shard within a hop or two. A shard still queued is named by one message, or by the
+    task that hands it on, at a time: the messages never outnumber the shards queued."""
+    count = peers(task.model, task.version)
+    if count <= 0 or set(named) <= set(running):
+        return list(named)
+    with sessions() as session:
+        fresh, retried = jobs.still_queued(session=session, job_ids=named)
+    shares = min(count, len(fresh))
+    for first in range(shares):
+        wake(task.model, task.version, fresh[first::shares])
+    return retried
 
 
 def keep_awake(*, task: Task, sessions: sessionmaker[Session], wake: Wake) -> None:
