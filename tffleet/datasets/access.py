@@ -1,9 +1,9 @@
 """Reading and writing a dataset's objects by parts: byte ranges, a sequential scan in windows, a
 seekable file for pyarrow, and a writer that leaves the object whole or absent.
 
-`ObjectStore` reads objects whole or by their start; a dataset is read by ranges, so these reach
-the obstore store under it, in this one place, with the same error translation (`ObjectMissing`,
-`StoreUnavailable`).
+Each goes through `ObjectStore`'s ranged reads (`get_range`) and writer (`open_writer`), whose
+errors are `ObjectMissing` and `StoreUnavailable`; an object missing is named by its location's
+URI, as the transform asked for it, not by the store's key.
 """
 
 from __future__ import annotations
@@ -13,20 +13,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import obstore
-
 from tffleet.datasets.locations import Location
-from tffleet.objectstore.store import ObjectMissing, _translated
+from tffleet.objectstore import ObjectMissing
 
 # A sequential scan's window and a reader's buffer: large enough that an S3 read costs its
 # bytes, not its round trip.
 WINDOW_BYTES = 8 * 1024 * 1024
-# A part written to S3 goes up in parts of this size (S3's least is 5 MiB).
-PART_BYTES = 8 * 1024 * 1024
 
 
-def _raw(location: Location) -> Any:
-    return location.store._store
+@contextmanager
+def _named(location: Location) -> Iterator[None]:
+    """An object missing named by the location's URI."""
+    try:
+        yield
+    except ObjectMissing:
+        raise ObjectMissing(location.uri) from None
 
 
 def size(location: Location) -> int:
@@ -40,8 +41,8 @@ def read_range(location: Location, start: int, end: int) -> bytes:
     """The bytes `[start, end)` of the object (fewer at its end)."""
     if end <= start:
         return b""
-    with _translated(location.uri):
-        return bytes(obstore.get_range(_raw(location), location.key, start=start, end=end))
+    with _named(location):
+        return bytes(location.store.get_range(location.key, start, end))
 
 
 def windows(
@@ -107,10 +108,7 @@ def writer(location: Location) -> Iterator[Any]:
     """A file to write the object through: on S3 a multipart upload completed when the block
     ends, on a directory a temporary file renamed into place then; an exception in the block
     aborts it, leaving no object (and any earlier one under the key as it was)."""
-    with (
-        _translated(location.uri),
-        obstore.open_writer(_raw(location), location.key, buffer_size=PART_BYTES) as file,
-    ):
+    with _named(location), location.store.open_writer(location.key) as file:
         yield _Sink(file)
 
 

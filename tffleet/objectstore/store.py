@@ -131,6 +131,18 @@ class ObjectStore:
             # The chunks' own error (a client that went away) is no fault of the store's.
             raise failed.error from None
 
+    @contextmanager
+    def open_writer(self, key: str) -> Iterator[Any]:
+        """A file-like writer (`write(buffer)`) for the object, from this thread: on S3 a
+        multipart upload completed when the block ends, on a directory a temporary file renamed
+        into place then; an exception in the block aborts it, leaving no object (and any earlier
+        one under the key as it was)."""
+        with (
+            _translated(key),
+            obstore.open_writer(self._store, key, buffer_size=PART_BYTES) as writer,
+        ):
+            yield writer
+
     async def _stream_to_writer(self, key: str, chunks: AsyncIterator[bytes]) -> int:
         written = 0
         with _translated(key):
