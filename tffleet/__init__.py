@@ -1,10 +1,12 @@
 """tffleet: asynchronous inference jobs on TensorFlow models, run by a fleet of Celery workers.
 
-The client is here: `tffleet.Client`, `tffleet.AsyncClient`, `tffleet.Job` and the errors it
-raises (root `tffleet.ClientError`, the one tree of `tffleet.errors`), from `tffleet/client/`.
-They are imported on first use, so `import tffleet` (which every process of the fleet does)
-stays cheap: no httpx, NumPy or TensorFlow. No client module imports this package's `__init__`
-(they take `__version__` from `tffleet.version`), so the lazy import closes no circle.
+The client is here: `tffleet.Client`, `tffleet.AsyncClient`, `tffleet.Job`, `tffleet.Transform`
+(a transform as shown) with the handles `Client.transform` and `AsyncClient.transform` return,
+and the errors it raises (root `tffleet.ClientError`, the one tree of `tffleet.errors`), from
+`tffleet/client/`. They are imported on first use, so `import tffleet` (which every process of
+the fleet does) stays cheap: no httpx, NumPy or TensorFlow. No client module imports this
+package's `__init__` (they take `__version__` from `tffleet.version`), so the lazy import
+closes no circle.
 
 The package has three parts: the kernel that the API, the worker and the client share (this
 folder's modules: settings, errors, tensors, the broker contract, ...), the client SDK
@@ -20,6 +22,7 @@ from tffleet.version import __version__
 
 __all__ = [
     "AsyncClient",
+    "AsyncTransformHandle",
     "BadRequest",
     "Client",
     "ClientError",
@@ -43,6 +46,9 @@ __all__ = [
     "ServiceUnavailable",
     "TensorSpec",
     "TooManyRequests",
+    "Transform",
+    "TransformHandle",
+    "TransformWaitTimeout",
     "TransportError",
     "Unauthorized",
     "UnsupportedMediaType",
@@ -53,6 +59,7 @@ __all__ = [
 if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers
     from tffleet.client import (
         AsyncClient,
+        AsyncTransformHandle,
         BadRequest,
         Client,
         ClientError,
@@ -76,6 +83,9 @@ if TYPE_CHECKING:  # what __getattr__ hands out, for type checkers
         ServiceUnavailable,
         TensorSpec,
         TooManyRequests,
+        Transform,
+        TransformHandle,
+        TransformWaitTimeout,
         TransportError,
         Unauthorized,
         UnsupportedMediaType,
