@@ -5,6 +5,7 @@ its objects read back without obstore, the big ones as memory maps."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import mmap
 import os
 from collections.abc import AsyncIterator
@@ -145,3 +146,18 @@ def test_a_small_object_is_read_and_a_range_past_the_end_ends_there(store: Objec
     assert bytes(store.get_range("t/big.bin", len(big) - 3, len(big) + 10)) == big[-3:]
     with pytest.raises(ObjectMissing):
         store.get_range("t/none.bin", 0, 1)
+
+
+def test_an_object_that_cannot_be_mapped_is_read(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = bytes(range(256)) * (files.MAP_MIN_BYTES // 256)
+
+    def no_map(*args: object, **kwargs: object) -> mmap.mmap:
+        raise OSError(errno.ENODEV, "No such device")  # a file system that maps nothing
+
+    store.put("t/big.bin", big)
+    monkeypatch.setattr(files.mmap, "mmap", no_map)
+    read = store.get("t/big.bin")
+    assert isinstance(read.obj, bytes) and bytes(read) == big
+    assert bytes(store.get_range("t/big.bin", 10, 20)) == big[10:20]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import mmap
 import os
 import re
@@ -141,9 +140,8 @@ def read(path: Path, start: int = 0, end: int | None = None) -> memoryview:
                 # the memory as its own (worker/runtime/feed.py), never reaches the file. The
                 # mapping keeps a descriptor of its own (Python's mmap dups it).
                 return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_COPY))[start:end]
-            except OSError as exc:  # out of descriptors or maps: read it instead
-                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
-                    raise
+            except OSError:  # out of descriptors or maps, a file system that maps nothing
+                pass  # read it instead: a file that cannot be read fails there
         data = os.pread(fd, end - start, start)
         while len(data) < end - start:  # a regular file reads short only at its end
             more = os.pread(fd, end - start - len(data), start + len(data))
