@@ -161,3 +161,17 @@ def test_an_object_that_cannot_be_mapped_is_read(
     read = store.get("t/big.bin")
     assert isinstance(read.obj, bytes) and bytes(read) == big
     assert bytes(store.get_range("t/big.bin", 10, 20)) == big[10:20]
+
+
+def test_past_max_maps_live_at_once_objects_are_read_until_a_map_is_let_go(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(files, "MAX_MAPS", files._maps + 2)  # what other tests hold, and two
+    big = bytes(range(256)) * (files.MAP_MIN_BYTES // 256)
+    store.put("t/big.bin", big)
+    held = [store.get("t/big.bin"), store.get_range("t/big.bin", 0, 10)]
+    assert all(isinstance(view.obj, mmap.mmap) for view in held)
+    third = store.get("t/big.bin")  # two maps live: its descriptors are kept for the rest
+    assert isinstance(third.obj, bytes) and bytes(third) == big
+    held.pop()  # a map let go (its last buffer dropped)
+    assert isinstance(store.get("t/big.bin").obj, mmap.mmap)

@@ -24,6 +24,7 @@ import os
 import re
 import threading
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -35,6 +36,9 @@ BATCH_CHUNKS = 256
 # Objects at least this big are read as a memory map (`read`), smaller ones by a `pread`: a map
 # costs two more system calls and holds a file descriptor as long as its buffer lives.
 MAP_MIN_BYTES = 1024 * 1024
+# At most this many maps live at once in a process (past it, objects are read): a batch of many
+# big objects must not take the descriptors its database connections and sockets need.
+MAX_MAPS = 256
 # Keys that LocalStore keeps under the same path on disk (it escapes other characters): those
 # `keys` makes. Others go through obstore's writer.
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.:-]+(/[A-Za-z0-9_.:-]+)*")
@@ -135,13 +139,9 @@ def read(path: Path, start: int = 0, end: int | None = None) -> memoryview:
         end = size if end is None else max(0, min(end, size))
         start = min(max(0, start), end)
         if size >= MAP_MIN_BYTES:
-            try:
-                # Private (copy-on-write): what a reader writes, TensorFlow say, where it takes
-                # the memory as its own (worker/runtime/feed.py), never reaches the file. The
-                # mapping keeps a descriptor of its own (Python's mmap dups it).
-                return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_COPY))[start:end]
-            except OSError:  # out of descriptors or maps, a file system that maps nothing
-                pass  # read it instead: a file that cannot be read fails there
+            mapped = _mapped(fd, size)
+            if mapped is not None:
+                return memoryview(mapped)[start:end]
         data = os.pread(fd, end - start, start)
         while len(data) < end - start:  # a regular file reads short only at its end
             more = os.pread(fd, end - start - len(data), start + len(data))
@@ -151,3 +151,32 @@ def read(path: Path, start: int = 0, end: int | None = None) -> memoryview:
         return memoryview(data)
     finally:
         os.close(fd)
+
+
+_maps = 0  # live in this process (`_mapped`)
+_maps_lock = threading.Lock()
+
+
+def _mapped(fd: int, size: int) -> mmap.mmap | None:
+    """A private (copy-on-write) map of the file: what a reader writes, TensorFlow say, where it
+    takes the memory as its own (worker/runtime/feed.py), never reaches the file. It keeps a
+    descriptor of its own (Python's mmap dups it) until no buffer holds it. None where MAX_MAPS
+    live already, or the file system maps nothing: the caller reads the file instead."""
+    global _maps
+    with _maps_lock:
+        if _maps >= MAX_MAPS:
+            return None
+        _maps += 1
+    try:
+        mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+    except OSError:  # out of descriptors or maps, a file system that maps nothing
+        _unmapped()
+        return None
+    weakref.finalize(mapped, _unmapped)
+    return mapped
+
+
+def _unmapped() -> None:
+    global _maps
+    with _maps_lock:
+        _maps -= 1
