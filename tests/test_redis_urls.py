@@ -121,6 +121,7 @@ def test_a_cluster_url_is_refused_by_the_settings_with_the_one_message(url: str)
     assert CLUSTER_REFUSED in str(refused.value)
 
 
+@pytest.mark.slow  # starts processes
 def test_every_process_refuses_a_cluster_url_at_start_with_status_2(tmp_path: Path) -> None:
     env = {"TFFLEET_BROKER_URL": "redis+cluster://127.0.0.1:7000/0", "PATH": "/usr/bin:/bin"}
     for command in ("api", "worker", "sweeper"):
@@ -168,6 +169,7 @@ def cluster_node(tmp_path: Path) -> Iterator[str]:
         proc.wait()
 
 
+@pytest.mark.slow  # starts processes
 def test_a_plain_url_to_a_cluster_node_is_refused_at_start(
     cluster_node: str, private_redis_plain: PrivateRedis
 ) -> None:
@@ -199,6 +201,7 @@ def sentinels(tmp_path: Path) -> Iterator[SentinelGroup]:
         group.stop()
 
 
+@pytest.mark.slow  # starts processes
 def test_a_client_of_a_sentinel_url_follows_the_masters_promotion(
     sentinels: SentinelGroup,
 ) -> None:
@@ -223,6 +226,7 @@ def test_a_client_of_a_sentinel_url_follows_the_masters_promotion(
     client.close()
 
 
+@pytest.mark.slow  # starts processes
 def test_an_asyncio_client_and_a_celery_apps_client_reach_the_master(
     sentinels: SentinelGroup,
 ) -> None:
