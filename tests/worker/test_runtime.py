@@ -126,6 +126,8 @@ def test_an_input_mapped_from_a_directory_store_reaches_tensorflow_without_a_cop
     assert not mapped.flags.writeable  # still read-only to the code that reads the inputs
     inline = tensors.unpack(tensors.pack({"x": x}))["x"]  # read-only bytes: copied, as before
     np.testing.assert_array_equal(as_tensor(inline, "float32").numpy(), x)
+    strings = np.array([b"0123456789"] * 20_000, dtype=object)  # 160 KB of pointers: copied
+    assert as_tensor(strings, "string").dtype.name == "string"
 
 
 def test_warm_up_runs_every_bucket_size(mlp_model: Exported) -> None:

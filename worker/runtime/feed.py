@@ -24,7 +24,7 @@ def as_tensor(array: np.ndarray, dtype: str) -> tf.Tensor:
     """`array` as a tensor of `dtype`: a view of its memory where it can be, else a copy."""
     if (
         array.nbytes >= VIEW_MIN_BYTES
-        and array.dtype == np.dtype(dtype)
+        and array.dtype.name == dtype  # never a string (object) tensor's
         and array.flags.c_contiguous
         and array.ctypes.data % _ALIGN == 0
     ):
