@@ -13,7 +13,9 @@
 (3) On `bench.scaling`'s simulated device (a forward pass sleeps `--device-s` per batch, no
     CPU): N children on two hosts (its `Fleet`: PostgreSQL, its own Redis, an API) run one
     transform of N x `--shards-per-child` shards; records/s from the transform's create to its
-    end (the database's clock), against N times one child's.
+    end (the database's clock), against N times one child's. The hosts start afresh for each
+    N; with `--warm`, a transform of one batch a child runs first, unmeasured, so what each
+    child's first shard costs once (its first claims and reads) is left out.
 
 Rounds alternate the in-process loop and the fleet (this machine's speed drifts); each round's
 ratio is to the loop run just before it. CPU per record comes from /proc: the client (this
@@ -325,6 +327,9 @@ def scaling_rounds(work: Path, args: argparse.Namespace) -> list[Scaled]:
                 records = n * args.shards_per_child * args.sim_shard
                 write_parquet(folder / f"sim-{n}.parquet", "x", records,
                               scaling.WIDTH)  # fmt: skip
+                if args.warm:  # a shard of one batch a child, run before the measured transform
+                    write_parquet(folder / f"warm-{n}.parquet", "x", n * args.batch,
+                                  scaling.WIDTH)  # fmt: skip
                 rounds.append(_scaled(fleet, client, n, records, args))
                 _progress(f"N={n}: {rounds[-1].rate:.0f} records/s")
     finally:
@@ -349,6 +354,17 @@ def _scaled(fleet: Any, client: Any, n: int, records: int, args: argparse.Namesp
             raise TimeoutError(f"{n} children were not ready within 900 s")
         time.sleep(0.5)
     time.sleep(2.0)  # the last child's load and warm-up CPU is over
+    if args.warm:
+        warm = client.transform(
+            scaling.MODEL, f"tffleet://datasets/warm-{n}.parquet", format="parquet",
+            shard_records=args.batch,
+        ).wait(timeout=300)  # fmt: skip
+        with fleet.engine.connect() as conn:
+            warmed = conn.scalar(
+                text("SELECT count(DISTINCT split_part(worker, ' task ', 1)) FROM jobs "
+                     "WHERE transform_id = :id"), {"id": warm.id}
+            )  # fmt: skip
+        _progress(f"N={n}: a warm-up transform ({warm.status}) ran on {warmed} children")
     handle = client.transform(
         scaling.MODEL, f"tffleet://datasets/sim-{n}.parquet", format="parquet",
         shard_records=args.sim_shard,
@@ -441,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sim-shard", type=int, default=2048, help="(3): records per shard")
     parser.add_argument("--shards-per-child", type=int, default=4, help="(3)")
     parser.add_argument("--skip", choices=("fleet", "scaling"), help="leave (1)+(2) or (3) out")
+    parser.add_argument(
+        "--warm", action="store_true",
+        help="(3): a transform of one batch a child first, unmeasured (each child's first shard)",
+    )  # fmt: skip
     parser.add_argument(
         "--database-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test",
         help="(3): a PostgreSQL server; the bench makes (and drops) a database of its own there",
