@@ -7,7 +7,7 @@ lays out its own (the key's path under the root, a staging file `<name>#<id>` be
 its listings skip, renamed into place once whole), so every other call reads it through
 obstore as if obstore had written it.
 
-Reads (`read`): an object of MAP_MIN_BYTES or more is memory-mapped, not read: the buffer is
+Reads (`read`): MAP_MIN_BYTES or more of an object are memory-mapped, not read: the buffer is
 the page cache's own pages, so a worker's 12.6 MB input costs no copy, no fresh memory zeroed
 and faulted in, and no memset (obstore's read does all three: 1.5 ms of CPU per 12.6 MB read
 alone, 3 to 7 ms per job in a busy worker's store thread; mapped and every page touched, 0.06
@@ -33,8 +33,8 @@ from pathlib import Path
 BATCH_BYTES = 2 * 1024 * 1024
 # ... or of this many chunks, well under the most one `writev` takes (IOV_MAX, 1024 on Linux).
 BATCH_CHUNKS = 256
-# Objects at least this big are read as a memory map (`read`), smaller ones by a `pread`: a map
-# costs two more system calls and holds a file descriptor as long as its buffer lives.
+# Reads of at least this many bytes are of a memory map (`read`), smaller ones by a `pread`: a
+# map costs two more system calls and holds a file descriptor as long as its buffer lives.
 MAP_MIN_BYTES = 1024 * 1024
 # At most this many maps live at once in a process (past it, objects are read): a batch of many
 # big objects must not take the descriptors its database connections and sockets need.
@@ -130,15 +130,15 @@ async def write_stream(path: Path, chunks: AsyncIterator[bytes]) -> int:
 
 def read(path: Path, start: int = 0, end: int | None = None) -> memoryview:
     """Bytes `start` to `end` (None: all; past the end: to there) of a directory store's
-    object: a view of a private memory map of the file if it is MAP_MIN_BYTES or more (read by
-    nothing until used; written, it changes the reader's copy alone), else the bytes read.
-    FileNotFoundError when there is none."""
+    object: a view of a private memory map of the file where they are MAP_MIN_BYTES or more
+    (read by nothing until used; written, it changes the reader's copy alone), else the bytes
+    read. FileNotFoundError when there is none."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
         end = size if end is None else max(0, min(end, size))
         start = min(max(0, start), end)
-        if size >= MAP_MIN_BYTES:
+        if end - start >= MAP_MIN_BYTES:  # a few bytes of a big file, a header say, are read
             mapped = _mapped(fd, size)
             if mapped is not None:
                 return memoryview(mapped)[start:end]
