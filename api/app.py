@@ -111,7 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             publisher=publisher,
             waiter=CompletionWaiter(settings.broker_url, key=announcement_key(sessions)),
             signatures=SignatureCache(sessions, poll_s=settings.model_poll_s),
-            ingestor=Ingestor(sessions, publisher),
+            ingestor=Ingestor(sessions, publisher, reads=reads),
             reader=JobReader(reads),
             admission=Admission(reads, settings),
             auth=Authenticator(reads, enabled=settings.auth),

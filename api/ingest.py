@@ -8,7 +8,11 @@ an Idempotency-Key that finds its jobs already stored publishes nothing.
 `JobReader`: polls that arrive together share one `SELECT ... WHERE id IN (...)`.
 
 Both show a queued job's `queue_position` and `eta_s` (`db.standing.place`: a statement per job,
-or one per model version for many), read after the commit for a submission.
+or one per model version for many), read after the commit for a submission, through a read
+session (on SQLite no write lock is taken for it).
+
+What a plain submission costs the database: its INSERTs, one DELETE ... RETURNING that claims
+the objects written ahead of it (if any; api/writeahead.py), the commit, and the position read.
 """
 
 from __future__ import annotations
@@ -89,28 +93,51 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
         sessions: sessionmaker[Session],
         publisher: Publisher,
         recent: Recent | None = None,
+        reads: sessionmaker[Session] | None = None,
     ) -> None:
         super().__init__(self._write, name="ingestor", max_batch=_MAX_UNITS, size=_units)
         self._sessions = sessions
+        # Where the jobs stand is read through these (`reads`: on SQLite no write lock is taken
+        # for it, as a write session's BEGIN IMMEDIATE would).
+        self._reads = reads or sessions
         self._publisher = publisher
         self.recent = recent or Recent()
 
     def _write(self, requests: Sequence[Sequence[jobs.NewJob]]) -> list[Ingested | BaseException]:
-        results: dict[int, Ingested | BaseException] = {}
         owned = {job.id: own for r in requests for job in r if (own := _own_keys(job))}
+        try:
+            return self._store(requests, owned, claim_first=True)
+        except _Late:  # rolled back: sorted out request by request (rare: a grace nearly over)
+            return self._store(requests, owned, claim_first=False)
+
+    def _store(
+        self,
+        requests: Sequence[Sequence[jobs.NewJob]],
+        owned: dict[str | None, list[str]],
+        *,
+        claim_first: bool,
+    ) -> list[Ingested | BaseException]:
+        results: dict[int, Ingested | BaseException] = {}
+        keyed = {i for i, r in enumerate(requests) if r and r[0].idempotency_key is not None}
+        # Objects written ahead of their jobs (api/writeahead.py): a request whose garbage rows
+        # are (nearly) due is refused, the sweeper may be deleting its objects. Those of plain
+        # requests are claimed first, in one statement, unless one turns out late (then the
+        # transaction rolls back and each request is checked before any is claimed); a keyed
+        # request's only once it is known to store its jobs (not a replay).
+        first = [k for i, r in enumerate(requests) if i not in keyed for k in _keys(r, owned)]
+        checked = [k for i in keyed for k in _keys(requests[i], owned)]
         with self._sessions.begin() as session:
-            # Objects written ahead of their jobs (api/writeahead.py): a request whose garbage
-            # rows are (nearly) due is refused, the sweeper may be deleting its objects.
-            late = objects.late(session=session, keys=[k for own in owned.values() for k in own])
+            if claim_first:
+                if len(objects.claim_those_in_time(session=session, keys=first)) < len(set(first)):
+                    raise _Late
+            else:
+                checked += first
+            late = objects.late(session=session, keys=checked)
             for i, request in enumerate(requests):
-                if any(key in late for job in request for key in owned.get(job.id, ())):
+                if any(key in late for key in _keys(request, owned)):
                     results[i] = objects.too_late(len(late))
-            keyed = [
-                i
-                for i, r in enumerate(requests)
-                if i not in results and r and r[0].idempotency_key is not None
-            ]
-            plain = sorted(set(range(len(requests))) - set(keyed) - set(results))
+            ordered = sorted(keyed - set(results))
+            plain = sorted(set(range(len(requests))) - keyed - set(results))
             created = jobs.create(session=session, jobs=[j for i in plain for j in requests[i]])
             looked_up: list[Any] = [job for job in created if job.cache_key]
             stored: list[Any] = list(created)
@@ -119,21 +146,23 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
             for i in plain:
                 results[i] = Ingested(publish[start : start + len(requests[i])])
                 start += len(requests[i])
-            if keyed:
-                outcomes = jobs.create_idempotent(
-                    session=session, requests=[requests[i] for i in keyed]
-                )
-                for i, outcome in zip(keyed, outcomes, strict=True):
-                    if isinstance(outcome, BaseException):
-                        results[i] = outcome
-                        continue
-                    outs = [job_out(j, with_outputs=False) for j in outcome.jobs]
-                    stored += outcome.jobs
-                    results[i] = Ingested(outs, replayed=outcome.replayed)
-                    new = set(outcome.created)
-                    publish += [out for out in outs if out["id"] in new]
-                    looked_up += [j for j in outcome.jobs if j.id in new and j.cache_key]
-            made = [out["id"] for out in publish]  # every job this transaction creates
+            claimed = len(publish) if claim_first else 0  # the jobs whose objects are claimed
+            outcomes = (
+                jobs.create_idempotent(session=session, requests=[requests[i] for i in ordered])
+                if ordered
+                else []
+            )
+            for i, outcome in zip(ordered, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    results[i] = outcome
+                    continue
+                outs = [job_out(j, with_outputs=False) for j in outcome.jobs]
+                stored += outcome.jobs
+                results[i] = Ingested(outs, replayed=outcome.replayed)
+                new = set(outcome.created)
+                publish += [out for out in outs if out["id"] in new]
+                looked_up += [j for j in outcome.jobs if j.id in new and j.cache_key]
+            made = [out["id"] for out in publish[claimed:]]  # the jobs created, less those claimed
             objects.claim(session=session, keys=[k for i in made for k in owned.get(i, ())])
         for job in looked_up:
             CACHE_LOOKUPS.labels(model=job.model, result="hit" if job.cached else "miss").inc()
@@ -157,7 +186,7 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
         if not queued:
             return
         try:
-            with self._sessions() as session:
+            with self._reads() as session:
                 placed = standing.place(session=session, jobs=queued, recent=self.recent)
         except SQLAlchemyError as exc:
             # The jobs are stored and published: an error now would make a client that retries
@@ -212,6 +241,14 @@ class JobReader(Coalescer[Read, list[JobDict]]):
                     [job_view(rows[job_id], encoding, placed.get(job_id)) for job_id in ids]
                 )
         return result
+
+
+class _Late(Exception):
+    """A plain request's objects were late: `Ingestor._store` again, checking each request."""
+
+
+def _keys(request: Sequence[jobs.NewJob], owned: dict[str | None, list[str]]) -> list[str]:
+    return [key for job in request for key in owned.get(job.id, ())]
 
 
 def _own_keys(job: jobs.NewJob) -> list[str]:

@@ -337,7 +337,9 @@ async def binary_body(
     declared = request.headers.get("content-length", "")
     if media != tensors.NPY or (declared.isdigit() and int(declared) <= settings.inline_max_bytes):
         return await read_bytes(request, max_bytes=settings.max_body_bytes)
-    signature = await run_in_threadpool(state.signatures.resolve, spec.model, spec.version)
+    signature = state.signatures.cached(spec.model, spec.version)
+    if signature is None:
+        signature = await run_in_threadpool(state.signatures.resolve, spec.model, spec.version)
     header, chunks = await npy_stream(
         request, max_bytes=settings.max_upload_bytes, invalid=InvalidRequest
     )

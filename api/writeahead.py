@@ -5,8 +5,10 @@ first and named by a row committed after. An API that dies (or a database that f
 the two would leave an object no row names, that nothing would ever delete. So before the write
 its key is named as garbage due TFFLEET_UPLOAD_GRACE_S later, committed on its own
 (`write_ahead`); the transaction that commits the naming row deletes that garbage row
-(`db.objects.claim`: in `create_upload`, or api/ingest.py), and a request that fails deletes its
-objects at once and then their rows (`discard`). Whatever is left, the sweeper deletes once due.
+(`db.objects.claim_in_time` in `create_upload`; in api/ingest.py `claim_those_in_time` for the
+requests of one transaction at once, one statement that claims and checks), and a request that
+fails deletes its objects at once and then their rows (`discard`). Whatever is left, the sweeper
+deletes once due.
 
 A row committed after its objects' garbage row is due is refused (503, `db.objects.too_late`):
 the sweeper may be deleting them. The grace must exceed the longest upload (see settings.py).

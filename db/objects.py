@@ -215,11 +215,31 @@ def too_late(count: int) -> ServiceUnavailable:
 
 
 def claim_in_time(*, session: Session, keys: Sequence[str]) -> None:
-    """`claim`, or 503 (`too_late`) where a written-ahead row is gone or (nearly) due."""
-    missed = late(session=session, keys=keys)
-    if missed:
-        raise too_late(len(missed))
-    claim(session=session, keys=keys)
+    """`claim`, or 503 (`too_late`) where a written-ahead row is gone or (nearly) due: one
+    statement. The caller's transaction must then roll back (it ends in the 503), which keeps
+    the rows it claimed of the others."""
+    wanted = set(keys)
+    claimed = claim_those_in_time(session=session, keys=wanted)
+    if len(claimed) < len(wanted):
+        raise too_late(len(wanted) - len(claimed))
+
+
+def claim_those_in_time(*, session: Session, keys: Iterable[str]) -> set[str]:
+    """Claim those of `keys` whose written-ahead rows are in time (due CLAIM_MARGIN later at
+    least), in one statement (DELETE ... RETURNING), and return them: the rest are `late`. A
+    caller that then refuses some request rolls its transaction back (or claims none of its
+    keys here): a late request's objects keep their rows, for the sweeper."""
+    wanted = set(keys)
+    if not wanted:
+        return set()
+    due = clock.now(session) + CLAIM_MARGIN
+    return set(
+        session.execute(
+            delete(_garbage)
+            .where(_garbage.c.key.in_(wanted), _garbage.c.not_before > due)
+            .returning(_garbage.c.key)
+        ).scalars()
+    )
 
 
 def claim(*, session: Session, keys: Sequence[str]) -> None:

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import pytest
 import redis
 from celery import Celery
 
-from tffleet.broker import RUN_BATCH_TASK, Publisher, make_celery, queue_for
+from tests.sentinels import SentinelGroup
+from tffleet.broker import (
+    PRIORITY_RETRY,
+    PRIORITY_WAKE,
+    RUN_BATCH_TASK,
+    Publisher,
+    make_celery,
+    queue_for,
+    queue_lists,
+    wake_up_list,
+)
 from tffleet.settings import Settings
 
 
@@ -106,3 +117,62 @@ def test_a_retried_jobs_wake_up_is_taken_before_plain_ones_published_earlier(
         finally:
             queue.close()
     assert taken == ["taken-back", "new-0", "new-1", "new-2"]
+
+
+def _without_ids(raw: bytes) -> dict[str, object]:
+    """A stored message with what differs per message (ids, tags, its sender) left out, and its
+    body decoded."""
+    message = orjson.loads(raw)
+    for key in ("id", "root_id", "origin"):
+        message["headers"].pop(key)
+    for key in ("correlation_id", "reply_to", "delivery_tag"):
+        message["properties"].pop(key)
+    message["body"] = orjson.loads(base64.b64decode(message["body"]))
+    return dict(message)
+
+
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_wake_up_is_stored_as_celery_would_store_it(
+    redis_app: Celery, redis_url: str, retry: bool
+) -> None:
+    # The publisher writes Celery's message itself (one LPUSH): a worker must not be able to
+    # tell it from what `send_task` stores, on the same list.
+    model, priority = f"stored-{retry}", PRIORITY_RETRY if retry else PRIORITY_WAKE
+    queue = queue_for(model)
+    redis_app.send_task(
+        RUN_BATCH_TASK, args=[model, 2, ["job-1", "job-2"]], queue=queue, priority=priority
+    )
+    assert Publisher(redis_app).publish(
+        model=model, version=2, job_ids=["job-1", "job-2"], retry=retry
+    )
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        other = queue_lists(queue)[0 if priority else 1]
+        assert client.llen(other) == 0
+        celerys, ours = client.lrange(wake_up_list(queue, priority), 0, -1)[::-1]
+    finally:
+        client.close()
+    assert _without_ids(ours) == _without_ids(celerys)
+    assert orjson.loads(ours)["headers"]["id"] == orjson.loads(ours)["properties"]["correlation_id"]
+
+
+def test_a_publish_to_a_redis_that_is_away_fails_at_once_and_backs_off() -> None:
+    publisher = Publisher(make_celery(Settings(broker_url="redis://127.0.0.1:1/0")))
+
+    assert not publisher.publish(model="m", version=1, job_ids=["a"])
+    # Within PUBLISH_BACKOFF_S the next publish does not even try.
+    assert not publisher.publish(model="m", version=1, job_ids=["b"])
+
+
+@pytest.mark.slow  # starts processes
+def test_a_wake_up_reaches_the_master_of_a_sentinel_url(tmp_path: Path) -> None:
+    group = SentinelGroup(tmp_path / "sentinels", password="m@ster/pw", sentinel_password="sntl")
+    try:
+        group.start()
+        publisher = Publisher(make_celery(Settings(broker_url=group.url)))
+        assert publisher.publish(model="m", version=1, job_ids=["j"])
+        with group.client("master") as master:
+            assert master.llen(wake_up_list(queue_for("m"), PRIORITY_WAKE)) == 1
+    finally:
+        group.stop()

@@ -120,7 +120,9 @@ async def submit(
         declared = request.headers.get("content-length", "")
         small = declared.isdigit() and int(declared) < INLINE_BYTES
         limits = await state.admission.limits(caller.tenant)
-        if small and all(state.signatures.cached(s.model, s.version) for s in specs):
+        # A streamed body's job holds references only: as cheap to check as a small body's.
+        inline = small or isinstance(body, references.Streamed)
+        if inline and all(state.signatures.cached(s.model, s.version) for s in specs):
             new = check(caller, limits, key)
         else:
             new = await run_in_threadpool(check, caller, limits, key)

@@ -5,6 +5,7 @@ tests/objectstore)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
@@ -14,11 +15,15 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import writeahead
-from db import clock
+from api import references, writeahead
+from api.ingest import Ingested
+from db import clock, jobs, objects
+from db.ids import new_job_id
 from db.models import ObjectGarbage, Upload
+from db.objects import CLAIM_MARGIN
 from tests.api.conftest import Api, OpenApi, count_jobs, envelope
 from tffleet import tensors
+from tffleet.errors import ServiceUnavailable
 from tffleet.objectstore import ObjectStore, keys
 from worker import garbage
 
@@ -156,3 +161,50 @@ async def test_a_discarded_write_goes_with_its_garbage_row(
     await writeahead.discard(small_inline.state, [key])
     assert object_store.size(key) is None
     assert garbage_rows(small_inline.sessions) == []
+
+
+def streamed_job(api: Api, not_before: datetime) -> tuple[jobs.NewJob, str]:
+    """A job as a streamed `.npy` body makes it (its input an object of its own under its id),
+    with the written-ahead row of that object due at `not_before`; and the object's key."""
+    job_id = new_job_id()
+    reference = tensors.Reference(
+        key=keys.input_key("default", job_id, "x"), dtype="float32", shape=(6, 4), offset=128,
+        nbytes=96,
+    )  # fmt: skip
+    named = {"x": references.Named(None, reference, 224, None)}
+    packed = references.pack(
+        {}, named, tenant="default", job_id=job_id, inline_max_bytes=64,
+        staged=references.Staged(), hashed=False,
+    )  # fmt: skip
+    with api.sessions.begin() as session:
+        objects.write_ahead(session=session, keys=[reference.key], not_before=not_before)
+    version = api.state.signatures.resolve("mlp", None)["version"]
+    job = jobs.NewJob(
+        id=job_id, model="mlp", version=version, samples=6, inputs=packed.blob,
+        stored_bytes=packed.stored_bytes,
+    )  # fmt: skip
+    return job, reference.key
+
+
+async def test_a_late_request_that_shares_a_transaction_is_refused_alone(
+    small_inline: Api,
+) -> None:
+    """Requests coalesced into one transaction claim their objects' rows in one statement; one
+    whose row is nearly due is refused (503) while the others are stored, and its row stays,
+    for the request's own discard or the sweeper."""
+    now = db_now(small_inline.sessions)
+    in_time, _ = streamed_job(small_inline, now + timedelta(hours=1))
+    late, late_key = streamed_job(small_inline, now + CLAIM_MARGIN / 2)
+    also_in_time, _ = streamed_job(small_inline, now + timedelta(hours=1))
+
+    answers = await asyncio.to_thread(
+        small_inline.state.ingestor._write, [[in_time], [late], [also_in_time]]
+    )
+
+    stored, refused, also_stored = answers
+    assert isinstance(stored, Ingested) and isinstance(also_stored, Ingested)
+    assert [stored.jobs[0]["id"], also_stored.jobs[0]["id"]] == [in_time.id, also_in_time.id]
+    assert isinstance(refused, ServiceUnavailable)
+    assert "TFFLEET_UPLOAD_GRACE_S" in refused.message
+    assert [key for key, _ in garbage_rows(small_inline.sessions)] == [late_key]
+    assert count_jobs(small_inline.sessions) == 2

@@ -197,3 +197,23 @@ def test_written_ahead_garbage_waits_for_its_time_and_is_claimed_alone(sessions:
     with sessions() as session:
         left = objects.take_garbage(session=session, limit=10, now=now + 2 * HOUR)
         assert [(g.key, g.prefix) for g in left] == [(soon, False), ("t/jobs/j/", True)]
+
+
+def test_rows_in_time_are_claimed_in_one_statement_that_names_them(sessions: Sessions) -> None:
+    """`claim_those_in_time` deletes the written-ahead rows due past the margin and returns
+    their keys; a row within the margin, a doomed row and an unknown key stay as they are."""
+    soon, later, also = "t/jobs/a/inputs/x.npy", "t/jobs/b/inputs/x.npy", "t/uploads/c.npy"
+    with sessions.begin() as session:
+        now = clock.now(session)
+        objects.write_ahead(session=session, keys=[soon], not_before=now + timedelta(seconds=30))
+        objects.write_ahead(session=session, keys=[later, also], not_before=now + HOUR)
+        objects.doom_prefix(session=session, prefix="t/jobs/j/")
+    with sessions.begin() as session:
+        claimed = objects.claim_those_in_time(
+            session=session, keys=[soon, later, also, "t/jobs/j/", "gone"]
+        )
+        assert claimed == {later, also}
+        assert objects.claim_those_in_time(session=session, keys=[]) == set()
+    with sessions() as session:
+        left = objects.take_garbage(session=session, limit=10, now=now + 2 * HOUR)
+        assert [(g.key, g.prefix) for g in left] == [(soon, False), ("t/jobs/j/", True)]

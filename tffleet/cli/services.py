@@ -101,6 +101,7 @@ def cmd_api(args: argparse.Namespace) -> int:
         uvicorn.run(
             "api.app:create_app",
             factory=True,
+            http="api.httpserver:LeanBodyProtocol",  # uvicorn's httptools, less two body copies
             host=settings.api_host,
             port=settings.api_port,
             workers=args.workers,
