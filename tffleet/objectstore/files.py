@@ -64,32 +64,39 @@ class _StagedFile:
         self._abandoned = False
         self._lock = threading.Lock()
 
-    def open(self) -> None:
-        with self._lock:
-            if self._abandoned:
-                return
+    def _open(self) -> int:
+        if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
             self._fd = os.open(self.staging, flags, 0o666)  # as LocalStore's: less the umask
+        return self._fd
 
     def write(self, buffers: list[bytes]) -> None:
-        """Write the buffers whole: `writev` may write less than asked."""
+        """Write the buffers whole (`writev` may write less than asked), the file opened first
+        if this is its first write."""
         with self._lock:
-            if self._fd is None:  # abandoned
+            if self._abandoned:
                 return
-            views = [memoryview(buffer) for buffer in buffers]
-            while views:
-                done = os.writev(self._fd, views)
-                while views and done >= len(views[0]):
-                    done -= len(views.pop(0))
-                if done:
-                    views[0] = views[0][done:]
+            self._write(buffers)
 
-    def commit(self) -> None:
+    def _write(self, buffers: list[bytes]) -> None:
+        fd = self._open()
+        views = [memoryview(buffer) for buffer in buffers]
+        while views:
+            done = os.writev(fd, views)
+            while views and done >= len(views[0]):
+                done -= len(views.pop(0))
+            if done:
+                views[0] = views[0][done:]
+
+    def commit(self, buffers: list[bytes]) -> None:
+        """Write the last buffers, then put the file in place."""
         with self._lock:
-            if self._fd is None:  # abandoned
+            if self._abandoned:
                 return
+            self._write(buffers)
             fd, self._fd = self._fd, None
+            assert fd is not None
             os.close(fd)
             os.replace(self.staging, self.path)
 
@@ -109,7 +116,6 @@ async def write_stream(path: Path, chunks: AsyncIterator[bytes]) -> int:
     (the chunks' own, or the file system's OSError) leaves nothing under `path`."""
     staged, written = _StagedFile(path), 0
     try:
-        await asyncio.to_thread(staged.open)
         batch: list[bytes] = []
         size = 0
         async for chunk in chunks:
@@ -118,10 +124,8 @@ async def write_stream(path: Path, chunks: AsyncIterator[bytes]) -> int:
             if size >= BATCH_BYTES or len(batch) >= BATCH_CHUNKS:
                 await asyncio.to_thread(staged.write, batch)
                 written, batch, size = written + size, [], 0
-        if batch:
-            await asyncio.to_thread(staged.write, batch)
-            written += size
-        await asyncio.to_thread(staged.commit)
+        await asyncio.to_thread(staged.commit, batch)
+        written += size
     except BaseException:
         staged.abandon()
         raise
