@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ from worker.retry import INFRA_ERRORS
 log = logging.getLogger(__name__)
 
 _TOP_UP_POLL_S = 0.0005
+# Pauses before a task's first claim, which found its named jobs held by another child's claim,
+# is tried again (each stretched by 0.5 to 1.5 at random): about 0.1 s at most in all.
+_LOCKED_RETRY_S = (0.005, 0.01, 0.015, 0.02, 0.02)
 
 
 @dataclass
@@ -88,9 +92,30 @@ class Feeder:
             return Next(batch=None, fresh=fresh, retried=retried, draining=True)
         batch = self._claim_batch()
         if batch is None and after is None:
+            return self._claim_again()
+        return Next(batch=batch, fresh=fresh, retried=retried)
+
+    def _claim_again(self) -> Next:
+        """The task's first claim found nothing. Where the message's named jobs are still queued
+        and never claimed, another child's claim held them: on PostgreSQL a claim locks every
+        candidate it reads (SKIP LOCKED) until it commits, though it may take one job, and a
+        claim beside it skips them all. It commits within milliseconds: claim again after a
+        short pause, a few times, before the named jobs are handed on in a message (a Celery
+        round trip, and the same race at the next child). When a transform's shards are shared
+        out, every child that takes a share claims at once, and only one claim in each round
+        finds the shards (docs/how-to/benchmarks.md, "Transforms over files")."""
+        for pause in _LOCKED_RETRY_S:
             with self.sessions() as session:
                 fresh, retried = jobs.still_queued(session=session, job_ids=self.named)
-        return Next(batch=batch, fresh=fresh, retried=retried)
+            if not fresh or self.draining():
+                return Next(batch=None, fresh=fresh, retried=retried)
+            time.sleep(random.uniform(0.5, 1.5) * pause)  # apart from the others that retry
+            batch = self._claim_batch()
+            if batch is not None:
+                return Next(batch=batch, fresh=list(self.named), retried=[])
+        with self.sessions() as session:
+            fresh, retried = jobs.still_queued(session=session, job_ids=self.named)
+        return Next(batch=None, fresh=fresh, retried=retried)
 
     def claim_retried(self, retried: Sequence[str]) -> tuple[Lease | None, list[str]]:
         """Claim the first of the named jobs claimed before that may run again (it runs alone),

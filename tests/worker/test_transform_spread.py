@@ -10,6 +10,9 @@ each shard still queued is named by a message in the queue: none waits without a
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -132,6 +135,47 @@ def test_a_message_whose_shards_another_claim_holds_is_passed_on_not_dropped(
         report = fleet.take(0, ImageRunner())
     assert report.claimed == 0
     assert fleet.queue == [ids], "the shards still queued went out again, in a message"
+    while fleet.queue:
+        fleet.take(1, ImageRunner())
+    assert [job.status for job in fleet.shards()] == [JobStatus.SUCCEEDED] * 2
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_claim_that_found_the_shards_held_for_a_moment_claims_again_in_the_same_task(
+    sessions: Sessions, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another child's claim commits a moment after this child's first claim skipped the shards
+    it held: this task claims again after a short pause and runs one, instead of handing the
+    message on (worker/feeder.py `_claim_again`)."""
+    from db import jobs
+
+    uri = put(settings, "in.npy", npy(images(2 * 8, SHAPE)))
+    _, ids = make_transform(sessions, settings, uri, format="npy", output="npy", shard_records=8)
+    fleet = Fleet(sessions, settings, children=2)
+    fleet.queue.append(list(ids))
+    held, skipped = threading.Event(), threading.Event()
+
+    def other_claim() -> None:
+        with sessions.begin() as other:  # holds every candidate until it commits
+            other.execute(select(Job.id).where(Job.id.in_(ids)).with_for_update())
+            held.set()
+            skipped.wait(30)
+
+    still_queued = jobs.still_queued
+
+    def after_the_skip(**kwargs: Any) -> tuple[list[str], list[str]]:
+        skipped.set()  # this child's first claim found nothing: the other one commits
+        holder.join(30)
+        return still_queued(**kwargs)
+
+    holder = threading.Thread(target=other_claim)
+    holder.start()
+    assert held.wait(30)
+    monkeypatch.setattr(jobs, "still_queued", after_the_skip)
+    report = fleet.take(0, ImageRunner())
+    monkeypatch.undo()
+    assert report.claimed == 1, "the second claim, in the same task, took a shard"
+    assert len(fleet.queue) == 1 and len(fleet.queue[0]) == 1, "only the other shard went on"
     while fleet.queue:
         fleet.take(1, ImageRunner())
     assert [job.status for job in fleet.shards()] == [JobStatus.SUCCEEDED] * 2
