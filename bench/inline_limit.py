@@ -10,7 +10,8 @@ reads it, the two measured in turns.
     (48 and 192 KiB): under 256 KiB it goes into the job's row; under 8 KiB the API writes it to
     the store first (an object and its row).
 (b) The job's 256 x 10 float32 output (10 KiB) fetched back with `tffleet.Client.get`: inline in
-    the job under 256 KiB, by reference under 8 KiB (the client then fetches the `.npy`,
+    the job under 256 KiB, in the store under 8 KiB (the API reads it from there into the job's
+    .npz answer; before, the client fetched the `.npy` with a second request,
     `GET /v1/jobs/{id}/outputs/{name}`): the API's CPU and the client's time per job fetched.
 """
 

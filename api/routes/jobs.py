@@ -20,6 +20,7 @@ from api.ingest import BLOB
 from api.metrics import PUBLISH_FAILURES, SUBMIT_SECONDS
 from api.negotiation import Encoding
 from api.schemas import (
+    ErrorOut,
     JobBatchCreate,
     JobBatchOut,
     JobCreate,
@@ -154,7 +155,14 @@ async def submit(
     if many:
         response = json_response({"jobs": outs}, 202)
     else:
-        response = await negotiation.answer(outs[0], encoding=encoding, status_code=202)
+        response = await negotiation.answer(
+            outs[0],
+            encoding=encoding,
+            status_code=202,
+            store=state.objects,
+            max_stored_bytes=state.settings.max_body_bytes,
+            stored_errors=False,  # the job is stored: answered, its outputs fetched later
+        )
     if key is not None:
         response.headers["Idempotent-Replayed"] = "true" if ingested.replayed else "false"
     return response
@@ -171,7 +179,14 @@ def _shown(caller: Caller, outs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @router.get(
     "/{job_id}",
     response_model=JobOut,
-    responses={**error_responses(404, 422, 503), 200: openapi.NPZ_ANSWER},
+    responses={
+        **error_responses(404, 410, 422, 503),
+        200: openapi.NPZ_ANSWER,
+        410: {
+            "model": ErrorOut,
+            "description": "An .npz answer: an output's object is no longer in the store.",
+        },
+    },
 )
 async def get_job(
     job_id: JobId,
@@ -183,14 +198,21 @@ async def get_job(
 
     With `Accept: application/x-npz`, a job that has succeeded is answered as an .npz of its
     outputs (read back by `np.load`), the job itself (outputs null) as JSON in the
-    `Tffleet-Job` header; any other job, or one with string outputs, as JSON as usual: the
-    answer's Content-Type says which.
+    `Tffleet-Job` header, outputs held in the object store read into it (up to
+    TFFLEET_MAX_BODY_BYTES of them; 410 for one gone from the store, 503 while it does not
+    answer); any other job, one with string outputs, or one with more than that in the store,
+    as JSON as usual: the answer's Content-Type says which.
     """
     state = get_state(request)
     caller = await state.auth(request)
     npz = negotiation.accepts_npz(request)
     outs = await wait_for(state, caller, [job_id], wait_s=wait, encoding=BLOB if npz else encoding)
-    response = await negotiation.answer(_shown(caller, outs)[0], encoding=encoding)
+    response = await negotiation.answer(
+        _shown(caller, outs)[0],
+        encoding=encoding,
+        store=state.objects,
+        max_stored_bytes=state.settings.max_body_bytes,
+    )
     response.headers["Vary"] = "Accept"
     return response
 

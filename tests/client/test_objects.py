@@ -376,12 +376,18 @@ def store_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 async def in_process(
-    sqlite_url: str, redis_url: str, store_url: str
+    request: pytest.FixtureRequest, sqlite_url: str, redis_url: str, store_url: str
 ) -> AsyncIterator[tuple[AsyncClient, list[httpx.Request]]]:
+    """The app and an async client of it; the API's TFFLEET_MAX_BODY_BYTES its default (64
+    MiB) unless a test gives another (`parametrize("in_process", [bytes], indirect=True)`)."""
     api_key = register_models(sqlite_url)
-    app = create_app(
-        Settings(database_url=sqlite_url, broker_url=redis_url, object_store=store_url)
+    settings = Settings(
+        database_url=sqlite_url,
+        broker_url=redis_url,
+        object_store=store_url,
+        max_body_bytes=getattr(request, "param", 64 * 1024 * 1024),
     )
+    app = create_app(settings)
     sent: list[httpx.Request] = []
     async with app.router.lifespan_context(app):
         inner = Recorded(httpx.ASGITransport(app=app), sent)
@@ -402,14 +408,43 @@ async def test_the_async_client_uploads_and_fetches_through_the_real_api(
 
     done = await client.wait(job.id, timeout=20)
 
-    assert done.ok and done.outputs is not None and done.references is not None
-    assert set(done.references) == {"y"}  # 400 KB: in the store; argmax inline
+    # y (400 KB) is in the store, argmax inline: both came in the job's .npz answer, one request.
+    assert done.ok and done.outputs is not None and done.references is None
     np.testing.assert_array_equal(done.outputs["y"], BIG * 2)
     np.testing.assert_array_equal(done.outputs["argmax"], np.full(len(BIG), 3))
     paths = [(r.method, r.url.path) for r in sent]
     assert paths[:2] == [("POST", "/v1/uploads"), ("POST", "/v1/jobs")]
-    assert paths[-1] == ("GET", f"/v1/jobs/{job.id}/outputs/y")
+    assert paths[2:] == [("GET", f"/v1/jobs/{job.id}")] * (len(paths) - 2)
+    before = len(sent)
+    got = await client.get(job.id)  # Client.get: one request too
+    assert got.outputs is not None and [r.url.path for r in sent[before:]] == [f"/v1/jobs/{job.id}"]
+    np.testing.assert_array_equal(got.outputs["y"], BIG * 2)
     assert (await client.upload(samples(2))).startswith("tffleet://uploads/")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("in_process", [64 * 1024], indirect=True)
+async def test_outputs_past_the_apis_bound_come_as_references_and_are_fetched(
+    in_process: tuple[AsyncClient, list[httpx.Request]],
+    sqlite_url: str,
+    redis_url: str,
+    store_url: str,
+) -> None:
+    """Over TFFLEET_MAX_BODY_BYTES of stored outputs, the API answers JSON with references,
+    and the client fetches each (`GET /v1/jobs/{id}/outputs/{name}`), as before."""
+    client, sent = in_process
+    job = await client.submit("double", {"x": BIG})
+    finish_storing(sqlite_url, redis_url, open_store(store_url), job.id)
+
+    done = await client.wait(job.id, timeout=20)
+
+    assert done.ok and done.outputs is not None and done.references is not None
+    assert set(done.references) == {"y"}
+    np.testing.assert_array_equal(done.outputs["y"], BIG * 2)
+    assert [(r.method, r.url.path) for r in sent][-2:] == [
+        ("GET", f"/v1/jobs/{job.id}"),
+        ("GET", f"/v1/jobs/{job.id}/outputs/y"),
+    ]
 
 
 def test_the_blocking_client_streams_an_upload_over_a_socket(served: Served) -> None:
@@ -420,5 +455,5 @@ def test_the_blocking_client_streams_an_upload_over_a_socket(served: Served) -> 
         finish_storing(served.database_url, served.redis_url, store, job.id)
         done = client.wait(job.id, timeout=20)
 
-    assert done.outputs is not None and done.references is not None
+    assert done.outputs is not None and done.references is None  # in the .npz answer
     np.testing.assert_array_equal(done.outputs["y"], BIG * 2)

@@ -69,7 +69,8 @@ class Job:
     queue_position: int | None = None
     eta_s: float | None = None
     # The outputs the API gave by reference, by name: fetched by the client, which puts them
-    # in `outputs` with the others, so `outputs` holds every output either way.
+    # in `outputs` with the others, so `outputs` holds every output either way. None where
+    # none was: an .npz answer carries the outputs held in the API's store with the others.
     references: dict[str, OutputRef] | None = None
 
     @property

@@ -54,10 +54,11 @@ class Client:
     or .npy for one bare array), and one job's outputs come back from an .npz: the API then
     copies their bytes instead of parsing base64 out of JSON.
 
-    An array of numbers or bools over `inline_max_bytes` (256 KiB, the API's default
+    An array of numbers or bools over `inline_max_bytes` (256 KiB, above the API's 8 KiB
     TFFLEET_INLINE_MAX_BYTES; None: never) is uploaded first (`upload`) and the job names it by
     URI, so no big tensor passes through a job's request or the database. Outputs the API holds
-    in its object store come as references, fetched by every method that returns a job:
+    in its object store come in one job's .npz with the others (up to TFFLEET_MAX_BODY_BYTES of
+    them); in a JSON answer, as references, which every method that returns a job fetches:
     `Job.outputs` has arrays either way.
     """
 
