@@ -368,7 +368,9 @@ E2E = Path(__file__).parent / "e2e"
 
 # End-to-end modules that run fleets and servers of their own and time nothing: they go to the
 # other process, beside the tests that start no fleet, so that the two processes end together.
-E2E_APART = frozenset({"test_transform_faults.py", "test_store_outage.py", "test_bad_requests.py"})
+E2E_APART = frozenset(
+    {"test_transform_faults.py", "test_store_outage.py", "test_bad_requests.py", "test_chaos.py"}
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

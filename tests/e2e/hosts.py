@@ -330,6 +330,8 @@ class TcpForwarder:
             handlers.add(task)
             try:
                 await self._pipe_both(reader, writer)
+            except asyncio.CancelledError:
+                pass  # stopped: a cancelled handler would be logged as an error by asyncio
             finally:
                 handlers.discard(task)
 
@@ -387,10 +389,11 @@ def _free_port_on(address: str) -> int:
 
 
 @contextlib.contextmanager
-def fresh_database() -> Iterator[str]:
-    """An empty database of its own on the test server (no schema: `tffleet migrate` makes it),
-    dropped on the way out. The URL is the test process's, on loopback."""
-    admin = make_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+def fresh_database(server_url: str = POSTGRES_URL) -> Iterator[str]:
+    """An empty database of its own on the test server, or `server_url`'s (no schema: `tffleet
+    migrate` makes it), dropped on the way out. The URL is the test process's, on loopback."""
+    # Pre-ping: a server restarted meanwhile (bench/chaos) has cut the pooled connection.
+    admin = make_engine(server_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     name = f"tffleet_hosts_{uuid.uuid4().hex[:10]}"
     try:
         with admin.connect() as conn:
@@ -399,7 +402,7 @@ def fresh_database() -> Iterator[str]:
         admin.dispose()
         service_missing("PostgreSQL", exc)
     try:
-        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -751,7 +754,11 @@ def hosts_mode() -> str:
 
 @contextlib.contextmanager
 def open_cluster(
-    root: Path, models: Path, *, env: Mapping[str, str] | None = None
+    root: Path,
+    models: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    postgres_url: str = POSTGRES_URL,
 ) -> Iterator[Cluster]:
     """A cluster with no hosts yet (`add_host`), a fresh database with the schema made by
     `tffleet migrate` from a host of its own, and a Redis of its own. Everything it made is gone
@@ -759,7 +766,7 @@ def open_cluster(
     mode = hosts_mode()
     use_netns = mode == "netns"
     with contextlib.ExitStack() as stack:
-        database_url = stack.enter_context(fresh_database())
+        database_url = stack.enter_context(fresh_database(postgres_url))
         bridge: Bridge | None = None
         forwarder: TcpForwarder | None = None
         if use_netns:
