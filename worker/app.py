@@ -20,8 +20,11 @@ from tffleet.settings import get_settings
 from worker import orphans
 from worker.drain import DRAIN
 from worker.orphans import OrphanWatcher
+from worker.timers import PurgeCanceledTimers
 
 celery_app = make_celery(get_settings(), include=["worker.tasks"])
+# Ended tasks' time-limit timers, removed rather than kept for an hour (worker/timers.py).
+celery_app.steps["worker"].add(PurgeCanceledTimers)
 _orphans: OrphanWatcher | None = None
 # This worker's node name (`tffleet-<pid>@host`), inherited by its children: a child asks this
 # worker, and no other, to consume the queue of a model it loaded after the start.
