@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10, help="of load and faults")
     parser.add_argument("--seed", type=int, default=None, help="replays a run (default: random)")
     parser.add_argument("--load-seed", type=int, default=None, help="the load's (default: --seed)")
+    parser.add_argument("--logs", help="where the processes' logs go (default under /tmp)")
     parser.add_argument("--rate", type=float, default=15, help="submit requests a second")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
@@ -28,15 +30,20 @@ def main(argv: list[str] | None = None) -> int:
         f"chaos: seed {seed}{load}, {args.minutes:g} minutes, {args.rate:g} requests/s", flush=True
     )
     started = time.monotonic()
+    logs = Path(args.logs or f"/tmp/tffleet-chaos-logs-{seed}")
     with tempfile.TemporaryDirectory(prefix="tffleet-chaos-") as root:
-        report = chaos(
-            Path(root),
-            duration_s=args.minutes * 60,
-            seed=seed,
-            load_seed=args.load_seed,
-            rate=args.rate,
-            out=lambda line: print(line, flush=True),
-        )
+        try:
+            report = chaos(
+                Path(root),
+                duration_s=args.minutes * 60,
+                seed=seed,
+                load_seed=args.load_seed,
+                rate=args.rate,
+                out=lambda line: print(line, flush=True),
+            )
+        finally:  # every process's log, kept for a look at what the figures show
+            shutil.copytree(Path(root) / "logs", logs, dirs_exist_ok=True)
+            print(f"logs in {logs}")
     for line in report.lines:
         print(line)
     for failure in report.failures:

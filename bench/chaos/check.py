@@ -6,7 +6,8 @@
   each attempt is one `started` line of its history, and the worker of the last one wrote it;
 - a succeeded job's outputs are the model's, x @ W, for the inputs its seed makes; a transform's
   parts hold each record once, in order, with the model's outputs;
-- a job that failed is `worker_lost` and was running on a process or host that a fault hit.
+- a job that failed is `worker_lost` and was running on a process or host that a fault hit;
+- a worker host that a fault hit ran jobs again within STUCK_S of the fault's end (liveness).
 
 Then the figures: jobs, faults of each kind, each fault's recovery, and job latency (created to
 finished, the API's times) of the jobs whose life overlapped a fault and of the others.
@@ -30,7 +31,9 @@ from bench.chaos.load import FINAL, Load, inputs, stamp
 from tests.e2e.hosts import JobsTable
 from tffleet import tensors
 
-STUCK_S = 45  # a worker host that ran no job this long after its fault was over never recovered
+# A worker host that ran no job for this long after its fault was over did not recover: a stall
+# (a new child loads TensorFlow in 10 to 25 s on two busy cores).
+STUCK_S = 60
 ENDED = "SELECT id, status, finished_at, worker, attempts, outputs FROM jobs "
 
 
@@ -154,7 +157,7 @@ def check(
     lines, stuck = _recoveries(load, faults, ran_on, began=began, stopped=stopped)
     lines.extend(_slow_victims(load, faults, history, slow_s=slow_s))
     report.lines.extend(lines)
-    report.fail("a worker host never ran a job again after its fault", stuck)
+    report.fail(f"a worker host ran no job for over {STUCK_S} s after its fault", stuck)
     report.lines.extend(_latencies(load, faults))
     return report
 
@@ -187,7 +190,8 @@ def _recoveries(
     children loaded, a resumed or reconnected one consuming again); when its victims ended."""
     lines = [
         "recovery (s after the fault was over): jobs submitted then first complete; the hit "
-        "host completes a job again; (s after the hit) the jobs it held all ended"
+        "host completes a job again (or a sweeper is active); (s after the hit) the jobs it held "
+        "all ended"
     ]
     stuck = []
     done = [s for s in load.jobs.values() if s.finished_at is not None]
@@ -195,6 +199,9 @@ def _recoveries(
         later = [s.finished_at for s in done if s.acked_at >= f.over_at and s.finished_at]
         flowing = f"flowing {min(later) - f.over_at:5.2f}" if later else "flowing never"
         back = ""
+        if f.kind == "sweeper":
+            active = f"{f.active_at - f.over_at:5.1f}" if f.active_at else "never"
+            back = f"  a sweeper active again {active}"
         if f.target in ("w1", "w2"):
             again = [
                 s.finished_at
@@ -203,8 +210,9 @@ def _recoveries(
                 and ran_on.get(s.job_id, (None, None))[0] == f.target
             ]  # fmt: skip
             back = f"  host back {min(again) - f.over_at:5.1f}" if again else "  host back never"
-            if not again and stopped - f.over_at > STUCK_S:
-                stuck.append(f"{f.target} after {f.kind} at {f.at - began:.1f}s")
+            late = min(again) - f.over_at > STUCK_S if again else stopped - f.over_at > STUCK_S
+            if late:
+                stuck.append(f"{f.target} after {f.kind} at {f.at - began:.1f}s: {back.strip()}")
         ends = [load.jobs[v].finished_at for v in f.victims if v in load.jobs]
         ended = [e for e in ends if e is not None]
         victims = f"  {len(ended)} held, all ended {max(ended) - f.at:5.1f}" if ended else ""

@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import text
 
@@ -36,6 +38,7 @@ class Fault:
     over_at: float = 0.0  # when the fleet had what it lost back (restarted, resumed, reconnected)
     victims: set[str] = field(default_factory=set)
     detail: str = ""
+    active_at: float | None = None  # a sweeper killed: when a sweeper was active again (its log)
 
 
 class Fleet:
@@ -90,6 +93,19 @@ class Fleet:
                         (time.time(), host_name, name, None if planned else proc.returncode)
                     )
                     self._start(self.host(host_name), name)
+
+    def note_sweeper_active(self, faults: list[Fault]) -> None:
+        """Each sweeper fault's `active_at`: the first "this is the active sweeper" line its
+        sweeper host logged after it (the new process waits for the dead one's Redis lock)."""
+        lines = re.findall(
+            r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO worker\.sweeper: this is the active",
+            self.host("sweeper").log("sweeper"),
+            re.MULTILINE,
+        )
+        stamps = [datetime.strptime(line, "%Y-%m-%d %H:%M:%S,%f").timestamp() for line in lines]
+        for fault in faults:
+            if fault.kind == "sweeper":
+                fault.active_at = min((t for t in stamps if t > fault.at), default=None)
 
     def unplanned_exits(self) -> list[str]:
         return [f"{h} {n} exited {rc}" for _, h, n, rc in self.restarts if rc is not None]

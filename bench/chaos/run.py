@@ -147,6 +147,7 @@ def _run(
     unfinished = load.poll(timeout_s=180)
     out(f"answers read after {time.monotonic() - began:.1f}s")
     watcher.stop()
+    fleet.note_sweeper_active(hit)
     report = check(
         load, hit, watcher, weights, read_parts, unfinished,
         host_of=fleet.cluster.host_of, began=began_wall, stopped=stopped, slow_s=LEASE_S + 10,
