@@ -7,6 +7,10 @@ watches its children and takes back a dead one's jobs at once (worker/orphans.py
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+
 from celery.signals import (
     worker_init,
     worker_process_init,
@@ -21,6 +25,12 @@ from worker import orphans
 from worker.drain import DRAIN
 from worker.orphans import OrphanWatcher
 from worker.timers import PurgeCanceledTimers
+
+log = logging.getLogger(__name__)
+
+# How long a child whose start failed waits before it exits for the pool to start another: a
+# database or network that is down for a while costs a fork a few seconds, not a fork loop.
+INIT_FAILED_EXIT_DELAY_S = 3.0
 
 celery_app = make_celery(get_settings(), include=["worker.tasks"])
 # Ended tasks' time-limit timers, removed rather than kept for an hour (worker/timers.py).
@@ -58,7 +68,19 @@ def _init_child(**_: object) -> None:
     # The child is handed the app (for its wake-ups) rather than importing this module back.
     from worker import child
 
-    child.init(celery_app, nodename=_nodename)
+    try:
+        child.init(celery_app, nodename=_nodename)
+    except BaseException:
+        # Celery logs a signal handler's error and keeps the child: one that never became a
+        # tffleet child would take every wake-up its worker is sent and fail each at once
+        # (a start during a network cut stalled a whole fleet, bench.chaos). It exits instead,
+        # and the pool forks another.
+        log.exception(
+            "this worker child could not start; it exits in %.0f s and the pool starts another",
+            INIT_FAILED_EXIT_DELAY_S,
+        )
+        time.sleep(INIT_FAILED_EXIT_DELAY_S)
+        os._exit(1)
 
 
 @worker_process_shutdown.connect

@@ -69,3 +69,32 @@ def test_the_api_and_the_worker_main_process_never_import_tensorflow() -> None:
     )
 
     assert result.returncode == 0, result.stderr
+
+
+def test_a_child_that_cannot_start_exits_for_the_pool_to_start_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Celery keeps a child whose `worker_process_init` handler raised; ours must not stay (it
+    would fail every batch it is sent): it exits, after a pause, with a non-zero status."""
+    import worker.app
+    from worker import child
+
+    class Exited(Exception):
+        pass
+
+    def refuse(*_: object, **__: object) -> None:
+        raise OSError("Network is unreachable")
+
+    def exit_(status: int) -> None:
+        raise Exited(status)
+
+    slept: list[float] = []
+    monkeypatch.setattr(child, "init", refuse)
+    monkeypatch.setattr(worker.app.time, "sleep", slept.append)
+    monkeypatch.setattr(worker.app.os, "_exit", exit_)
+
+    with pytest.raises(Exited) as exited:
+        worker.app._init_child()
+
+    assert exited.value.args == (1,)
+    assert slept == [worker.app.INIT_FAILED_EXIT_DELAY_S]
