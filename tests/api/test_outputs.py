@@ -9,10 +9,11 @@ about the store itself.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import anyio
@@ -335,6 +336,24 @@ async def test_a_tf_serving_predict_answers_an_output_held_in_the_store(
     api: Api, store: ObjectStore, redis_url: str, gone: bool
 ) -> None:
     y = np.array([[0.5, 1.5]], dtype=np.float32)
+    with finished_when_queued(api, store, redis_url, stored={"y": y}, gone=gone):
+        response = await api.client.post("/v1/models/mlp:predict", json={"instances": [ROW]})
+
+    if gone:
+        assert response.status_code == 410
+        assert "'y'" in response.json()["error"]
+    else:
+        assert response.status_code == 200, response.text
+        assert response.json() == {"predictions": y.tolist()}
+
+
+@contextlib.contextmanager
+def finished_when_queued(
+    api: Api, store: ObjectStore, redis_url: str, *, stored: Mapping[str, np.ndarray], gone: bool
+) -> Iterator[None]:
+    """A fake worker, in a thread, for a request that waits on its job: once the job is queued,
+    it ends it with `stored` outputs held in the store (deleted again where `gone`) and announces
+    it. Leaving the block joins it and raises what it raised."""
     errors: list[BaseException] = []
 
     def worker() -> None:
@@ -344,9 +363,9 @@ async def test_a_tf_serving_predict_answers_an_output_held_in_the_store(
             while not (queued := queued_ids(api.sessions)) and time.monotonic() < deadline:
                 time.sleep(0.01)
             (job_id,) = queued
-            finish_with_references(api.sessions, store, job_id, inline={}, stored={"y": y})
+            finish_with_references(api.sessions, store, job_id, inline={}, stored=stored)
             if gone:
-                store.delete([keys.output_key(DEFAULT_TENANT, job_id, "y")])
+                store.delete([keys.output_key(DEFAULT_TENANT, job_id, name) for name in stored])
             with redis.Redis.from_url(redis_url) as client:
                 client.publish(JOBS_DONE_CHANNEL, orjson.dumps([job_id]))
         except BaseException as exc:  # surfaced in the test's thread below
@@ -354,16 +373,9 @@ async def test_a_tf_serving_predict_answers_an_output_held_in_the_store(
 
     thread = threading.Thread(target=worker, name="fake-worker", daemon=True)
     thread.start()
-    response = await api.client.post("/v1/models/mlp:predict", json={"instances": [ROW]})
+    yield
     thread.join(timeout=10)
     assert not errors, errors
-
-    if gone:
-        assert response.status_code == 410
-        assert "'y'" in response.json()["error"]
-    else:
-        assert response.status_code == 200, response.text
-        assert response.json() == {"predictions": y.tolist()}
 
 
 def queued_ids(sessions: Sessions) -> list[str]:

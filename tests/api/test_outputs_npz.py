@@ -9,8 +9,6 @@ No worker runs: `finish_with_references` (tests/api/test_outputs.py) plays one.
 from __future__ import annotations
 
 import io
-import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,13 +16,18 @@ import httpx
 import numpy as np
 import orjson
 import pytest
-import redis
 
 from db.models import DEFAULT_TENANT
-from tests.api.conftest import Api, OpenApi, _until_subscribed, finish_job
-from tests.api.test_outputs import BIG, ROW, SMALL, finish_with_references, queued_ids, submit
+from tests.api.conftest import Api, OpenApi, finish_job
+from tests.api.test_outputs import (
+    BIG,
+    ROW,
+    SMALL,
+    finish_with_references,
+    finished_when_queued,
+    submit,
+)
 from tffleet import tensors
-from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.objectstore import ObjectStore, keys, open_store
 
 pytestmark = pytest.mark.anyio
@@ -193,33 +196,13 @@ async def test_a_submission_held_until_done_answers_its_stored_outputs_too(
     """`POST /v1/jobs?wait=` (Client.run's one round trip): an .npz with the stored output; its
     object gone, JSON with the reference (the job is stored: a 410 would have a client that
     retries without a key submit it again)."""
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            _until_subscribed(redis_url)
-            deadline = time.monotonic() + 10
-            while not (queued := queued_ids(api.sessions)) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            (job_id,) = queued
-            finish_with_references(api.sessions, store, job_id, inline={}, stored={"big": BIG})
-            if gone:
-                store.delete([keys.output_key(DEFAULT_TENANT, job_id, "big")])
-            with redis.Redis.from_url(redis_url) as client:
-                client.publish(JOBS_DONE_CHANNEL, orjson.dumps([job_id]))
-        except BaseException as exc:  # surfaced in the test's thread below
-            errors.append(exc)
-
-    thread = threading.Thread(target=worker, name="fake-worker", daemon=True)
-    thread.start()
-    response = await api.client.post(
-        "/v1/jobs",
-        params={"wait": 10, "encoding": "b64"},
-        json={"model": "mlp", "inputs": [ROW]},
-        headers=ACCEPT,
-    )
-    thread.join(timeout=10)
-    assert not errors, errors
+    with finished_when_queued(api, store, redis_url, stored={"big": BIG}, gone=gone):
+        response = await api.client.post(
+            "/v1/jobs",
+            params={"wait": 10, "encoding": "b64"},
+            json={"model": "mlp", "inputs": [ROW]},
+            headers=ACCEPT,
+        )
 
     assert response.status_code == 202, response.text
     if gone:
