@@ -39,7 +39,7 @@ from db.models import DEFAULT_TENANT, Job, JobStatus, Upload
 from tffleet import tensors
 from tffleet.broker import Publisher, queue_lists
 from tffleet.constants import JOBS_DONE_CHANNEL
-from tffleet.objectstore import ObjectStore
+from tffleet.objectstore import ObjectStore, open_store
 from tffleet.settings import Settings
 
 Sessions = sessionmaker[Session]
@@ -379,3 +379,14 @@ def publications(monkeypatch: pytest.MonkeyPatch, sessions: Sessions) -> list[Pu
 
     monkeypatch.setattr(Publisher, "publish", checking)
     return seen
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    """A directory object store of the test's own, for an app opened with `object_store=`."""
+    return (tmp_path / "objects").as_uri()
+
+
+@pytest.fixture
+def store(store_url: str) -> ObjectStore:
+    return open_store(store_url)

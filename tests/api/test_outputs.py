@@ -81,16 +81,6 @@ async def submit(client: httpx.AsyncClient, **headers: str) -> str:
 
 
 @pytest.fixture
-def store_url(tmp_path: Any) -> str:
-    return (tmp_path / "objects").as_uri()
-
-
-@pytest.fixture
-def store(store_url: str) -> ObjectStore:
-    return open_store(store_url)
-
-
-@pytest.fixture
 async def api(open_api: OpenApi, store_url: str) -> AsyncIterator[Api]:
     async with open_api(object_store=store_url) as running:
         yield running

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import numpy as np
@@ -34,16 +33,6 @@ pytestmark = pytest.mark.anyio
 
 ACCEPT = {"Accept": f"{tensors.NPZ}, application/json"}
 BIG_OBJECT = len(tensors.write_npy(BIG))  # what the store holds of it: header and bytes
-
-
-@pytest.fixture
-def store_url(tmp_path: Any) -> str:
-    return (tmp_path / "objects").as_uri()
-
-
-@pytest.fixture
-def store(store_url: str) -> ObjectStore:
-    return open_store(store_url)
 
 
 @pytest.fixture
