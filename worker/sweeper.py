@@ -19,8 +19,10 @@ them itself) or comes back.
 The same process delivers webhooks (worker/webhooks.py), on a thread and connections of its own,
 in every sweeper process, the standbys too: a slow receiver never delays a sweep.
 
-One sweeper is active across the fleet: it holds a Redis lock with an expiry and extends it every
-sweep; the others stand by and take over once it lapses. Every step is safe to repeat and to run
+One sweeper is active across the fleet: it holds a Redis lock with a short expiry, which a thread
+of its own extends every third of it (however long a sweep takes); the others stand by and take
+over once it lapses, so a sweeper killed with its host is replaced within the expiry and an
+interval, while the leases of that host's jobs run out. Every step is safe to repeat and to run
 twice at once (the database changes are compare-and-sets, and a claim takes a job once), so a
 lock that lapses in the middle of a sweep costs duplicate messages, never a job.
 """
@@ -36,17 +38,16 @@ from typing import Protocol
 
 import redis
 from prometheus_client import Counter, Gauge
-from redis.exceptions import LockNotOwnedError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import cache, jobs, parts, presence
 from db import clock as db_clock
 from db.models import JobErrorCode
-from tffleet.constants import SWEEPER_LOCK_KEY
 from tffleet.objectstore import ObjectStore, open_store
 from tffleet.settings import Settings
 from worker import garbage
 from worker.announcer import Announcer
+from worker.leadership import Leadership
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,6 @@ PUBLISH_FAILURES = Counter(
     "tffleet_sweeper_publish_failures_total", "Wake-ups the broker did not take (retried later)"
 )
 SWEEP_ERRORS = Counter("tffleet_sweeper_errors_total", "Sweeps cut short by Redis or the database")
-ACTIVE = Gauge("tffleet_sweeper_active", "1 while this process holds the sweeper lock")
 LAST_SWEEP = Gauge(
     "tffleet_sweeper_last_sweep_timestamp_seconds", "When this process last finished a sweep"
 )
@@ -121,53 +121,23 @@ class Sweeper:
         # Bare ids (the sweeper holds no key): wakes the API's long-polls on jobs that ended.
         self._announce = Announcer(redis_client)
         self._clock = clock
-        # Long enough to outlast a sweep; a crashed sweeper is replaced within this time.
-        self.lock_timeout_s = max(30.0, 4 * settings.sweep_interval_s)
-        self._lock = redis_client.lock(
-            SWEEPER_LOCK_KEY, timeout=self.lock_timeout_s, thread_local=False
-        )
-        self._leading = False
-        self._standing_by = False
+        self._leadership = Leadership(redis_client, settings.sweep_interval_s)
         self._inputs_since: datetime | None = None  # where `_purge_inputs` goes on
         self._store: ObjectStore | None = None  # opened at the first garbage (`_objects`)
 
-    # Leadership
+    # Leadership (worker/leadership.py)
+
+    @property
+    def lock_timeout_s(self) -> float:
+        return self._leadership.timeout_s
 
     def lead(self) -> bool:
-        """Take or extend the lock; True while this sweeper is the active one.
-
-        Raises `redis.RedisError` when Redis cannot be reached.
-        """
-        if self._leading:
-            try:
-                self._lock.reacquire()
-                return True
-            except LockNotOwnedError:
-                self._set_leading(False)
-                log.warning("sweeper lock lapsed (a sweep or Redis was too slow); standing by")
-        if self._lock.acquire(blocking=False):
-            self._set_leading(True)
-            log.info("this is the active sweeper (lock %s)", SWEEPER_LOCK_KEY)
-            return True
-        if not self._standing_by:
-            log.info("another sweeper holds %s; standing by", SWEEPER_LOCK_KEY)
-            self._standing_by = True
-        return False
+        """True while this sweeper is the active one (taking or extending the lock); raises
+        `redis.RedisError` when Redis cannot be reached."""
+        return self._leadership.lead()
 
     def step_down(self) -> None:
-        """Release the lock, if held, so a standby takes over at once instead of at expiry."""
-        if not self._leading:
-            return
-        self._set_leading(False)
-        try:
-            self._lock.release()
-        except redis.RedisError as exc:  # lapsed, or Redis is away: it expires on its own
-            log.info("could not release the sweeper lock (%s)", exc)
-
-    def _set_leading(self, leading: bool) -> None:
-        self._leading = leading
-        self._standing_by = False
-        ACTIVE.set(1 if leading else 0)
+        self._leadership.step_down()
 
     # The loop
 
@@ -180,6 +150,10 @@ class Sweeper:
         interval = self._settings.sweep_interval_s
         max_backoff_s = max(interval, self.lock_timeout_s / 2)  # retry before the lock lapses
         failures = 0
+        keeper = threading.Thread(
+            target=self._leadership.keep, args=(stop,), name="sweeper-lock", daemon=True
+        )
+        keeper.start()
         try:
             while not stop.is_set():
                 delay = interval
@@ -200,6 +174,7 @@ class Sweeper:
                     )
                 stop.wait(delay)
         finally:
+            keeper.join()
             self.step_down()
 
     @staticmethod

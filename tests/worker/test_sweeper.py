@@ -23,7 +23,8 @@ from db.models import CacheEntry, Job, JobInput, JobStatus, ModelPresence, Prese
 from tffleet.broker import Publisher, make_celery, queue_for, queue_lists
 from tffleet.constants import JOBS_DONE_CHANNEL, SWEEPER_LOCK_KEY
 from tffleet.settings import Settings
-from worker.sweeper import Sweeper
+from worker import leadership
+from worker.sweeper import Sweeper, SweepReport
 
 pytestmark = pytest.mark.both_databases
 
@@ -450,6 +451,36 @@ def test_a_standby_takes_over_when_the_lock_lapses(
 
     assert second.lead() is True
     assert first.lead() is False  # it notices on its next extension and stands by
+
+
+def test_the_lock_outlives_a_long_sweep_and_lapses_soon_after_its_sweeper_dies(
+    make_sweeper: MakeSweeper, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The active sweeper's own thread extends the lock, however long a sweep takes; once it
+    is gone (its host killed), a standby takes over within the lock's short expiry."""
+    monkeypatch.setattr(leadership, "MIN_TIMEOUT_S", 0.6)
+    slow, standby = make_sweeper(), make_sweeper()
+    sweeping = threading.Event()
+
+    def long_sweep() -> SweepReport:
+        sweeping.set()
+        time.sleep(2.0)  # over three expiries
+        return SweepReport()
+
+    monkeypatch.setattr(slow, "sweep_once", long_sweep)
+    stop, thread = run_in_thread(slow)
+    try:
+        assert sweeping.wait(5)
+        time.sleep(1.5)
+        assert standby.lead() is False  # still held, mid-sweep
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert slow.lock_timeout_s == 0.6
+
+    assert slow.lead() is True
+    slow._leadership._leading = False  # as if its process died: nobody extends the lock
+    wait_until(standby.lead, timeout_s=2)
 
 
 def test_run_sweeps_only_while_it_holds_the_lock(
