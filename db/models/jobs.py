@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -122,6 +123,12 @@ class Job(Base):
         String(36), ForeignKey("transforms.id", name="fk_jobs_transform_id", ondelete="CASCADE")
     )
     shard: Mapped[int | None] = mapped_column(Integer)
+    # What it cost (issue 30, DESIGN.md section 15): its share, by samples, of each forward
+    # pass it took part in, in seconds; null until it ran. A split job's parent sums its parts'.
+    device_s: Mapped[float | None] = mapped_column(Float)
+    # `Queue-Timeout` at submit: not started by then, it ends `canceled` (`queue_timeout`)
+    # without running; the claim skips it and the sweeper ends it.
+    queue_timeout_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
@@ -137,6 +144,8 @@ class Job(Base):
         # The sweeper's deadlines: unfinished jobs past theirs.
         Index("ix_jobs_deadline", "status", "deadline_at"),
         Index("ix_jobs_transform_id", "transform_id"),
+        # The sweeper's queue time-outs: queued jobs past theirs.
+        Index("ix_jobs_queue_timeout", "status", "queue_timeout_at"),
     )
 
 

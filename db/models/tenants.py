@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, ForeignKey, Integer, String
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from db.models.base import Base, UTCDateTime
@@ -55,3 +55,9 @@ class ApiKey(Base):
     note: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Its limits (`tffleet keys create|set`), each null for none: jobs per second with a burst,
+    # queued plus running jobs at once, and the models it may use (a JSON array of names).
+    rate_per_s: Mapped[float | None] = mapped_column(Float)
+    rate_burst: Mapped[int | None] = mapped_column(Integer)
+    max_active_jobs: Mapped[int | None] = mapped_column(Integer)
+    allowed_models: Mapped[str | None] = mapped_column(Text)
