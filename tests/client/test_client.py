@@ -40,6 +40,7 @@ from tffleet import (
     tensors,
 )
 from tffleet.client import errors as client_errors
+from tffleet.client import plans
 from tffleet.client.job import BINARY_BODY_MIN_BYTES
 from tffleet.client.job import FINISHED as CLIENT_FINISHED
 from tffleet.client.job import Job as ClientJob
@@ -387,6 +388,13 @@ def test_wait_all_reads_many_ids_in_chunks_and_holds_only_the_first() -> None:
     bodies = server.bodies("/v1/jobs/status")
     assert [len(body["ids"]) for body in bodies] == [1000, 1000, 500]
     assert [body["wait"] for body in bodies] == [30.0, 0, 0]
+
+
+def test_wait_all_lets_completions_gather_longer_while_many_jobs_are_pending() -> None:
+    """Each round costs the API a read of every pending job: many pending, fewer rounds."""
+    assert plans._gather_s(1) == pytest.approx(0.06)
+    assert plans._gather_s(16) == pytest.approx(0.21)
+    assert plans._gather_s(10_000) == plans.MAX_ROUND_S
 
 
 def test_wait_all_timeout_carries_every_job_as_last_seen() -> None:
