@@ -3,6 +3,8 @@
 - The fleet's queue limit, TFFLEET_MAX_QUEUED_JOBS (429 `queue_full`).
 - A tenant's quotas (`db.tenants.Limits`): its queued jobs (429 `quota_exceeded`), samples per
   job and priority (422, checked job by job in the route), retention (cut to its longest).
+- A key's own limits (`db.key_limits.KeyLimits`, api/key_limits.py): its cap on queued plus
+  running jobs and its rate (429 `rate_limited`); its models are checked job by job.
 
 Counts and limits are read at most every `COUNT_TTL_S` / `LIMITS_TTL_S`: a read per submit would
 cost more than the insert. Between two counts each process adds up what it admitted, so a burst
@@ -17,9 +19,10 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import jobs, tenants
-from db.tenants import Limits
-from tffleet.errors import QueueFull, QuotaExceeded
+from api.key_limits import RateLimiter
+from db import jobs, key_limits, tenants
+from db.tenants import Caller, Limits
+from tffleet.errors import QueueFull, QuotaExceeded, RateLimited
 from tffleet.settings import Settings
 
 COUNT_TTL_S = 0.5
@@ -46,7 +49,9 @@ class _Count:
 
 class Admission:
     """`await admission.admit(n, tenant=..., limits=...)` raises QueueFull or QuotaExceeded if
-    `n` more queued jobs would be more than the fleet or the tenant may have."""
+    `n` more queued jobs would be more than the fleet or the tenant may have; with `caller`,
+    RateLimited if they would pass its key's cap on active jobs or its rate. Only once every
+    check has passed is anything counted, or a token taken."""
 
     def __init__(self, reads: sessionmaker[Session], settings: Settings) -> None:
         self.max_queued_jobs = settings.max_queued_jobs
@@ -54,7 +59,12 @@ class Admission:
         self._reads = reads
         self._fleet = _Count(self._counter(None))
         self._tenants: dict[str, _Count] = {}
+        self._active: dict[str, _Count] = {}  # each tenant's queued and running jobs
         self._limits: dict[str, tuple[float, Limits]] = {}
+        self.rates = RateLimiter(settings.broker_url)
+
+    async def close(self) -> None:
+        await self.rates.close()
 
     async def limits(self, tenant: str) -> Limits:
         """The tenant's limits (its own over the fleet's defaults), re-read every LIMITS_TTL_S."""
@@ -65,7 +75,26 @@ class Admission:
         self._limits[tenant] = (time.monotonic(), found)
         return found
 
-    async def admit(self, count: int, *, tenant: str, limits: Limits) -> None:
+    async def admit(
+        self,
+        count: int,
+        *,
+        tenant: str,
+        limits: Limits,
+        caller: Caller | None = None,
+        tokens: int | None = None,
+    ) -> None:
+        """`tokens`: what the request takes of its key's rate (`count`, a job's token each,
+        unless given: a transform, one request of many jobs, takes one)."""
+        cap = caller.limits.max_active_jobs if caller is not None else None
+        if cap is not None:
+            active = await self._active.setdefault(tenant, _Count(self._actives(tenant))).fresh()
+            if active + count > cap:
+                raise RateLimited(
+                    f"key {caller.key_prefix if caller else ''} may have at most {cap} jobs queued "
+                    f"or running (its tenant {tenant!r}'s, counted together): {active} are, and "
+                    f"{count} more would exceed it; try again once some have ended"
+                )
         if limits.max_queued_jobs > 0:
             mine = self._tenants.setdefault(tenant, _Count(self._counter(tenant)))
             queued = await mine.fresh()
@@ -81,14 +110,26 @@ class Admission:
                     f"the queue is full: {queued} jobs are queued and {count} more would "
                     f"exceed TFFLEET_MAX_QUEUED_JOBS={self.max_queued_jobs}; try again later"
                 )
+        if caller is not None:
+            await self.rates.take(caller, count if tokens is None else tokens)
+        if self.max_queued_jobs > 0:
             self._fleet.queued += count
         if limits.max_queued_jobs > 0:
             self._tenants[tenant].queued += count
+        if cap is not None:
+            self._active[tenant].queued += count
 
     def _counter(self, tenant: str | None) -> Callable[[], int]:
         def count() -> int:
             with self._reads() as session:
                 return jobs.count_queued(session=session, tenant=tenant)
+
+        return count
+
+    def _actives(self, tenant: str) -> Callable[[], int]:
+        def count() -> int:
+            with self._reads() as session:
+                return key_limits.count_active(session=session, tenant=tenant)
 
         return count
 

@@ -137,6 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await state.reader.stop()
             await state.ingestor.stop()
             await state.waiter.stop()
+            await state.admission.close()
             checkpointer.stop()
             engine.dispose()
 

@@ -181,7 +181,8 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     described = {
         400: "Malformed JSON or header.",
         401: "No API key, or an unknown or revoked one.",
-        403: "A route for admin keys, called with a tenant's key.",
+        403: "A route for admin keys, called with a tenant's key; or a model the key may not "
+        "use (`model_not_allowed`).",
         404: "Unknown model, version or job.",
         409: "The job already finished (or has not: retry, delete), or an Idempotency-Key was "
         "reused with another body.",
@@ -189,7 +190,8 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         413: "Body over the size limit.",
         415: "Body not application/json.",
         422: "Inputs or parameters that do not fit.",
-        429: "Queue full; see Retry-After.",
+        429: "Queue full, the tenant's quota, or the key's rate or cap on active jobs "
+        "(`rate_limited`); see Retry-After.",
         503: "Database or broker unreachable.",
     }
     return {

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from api import references
 from api.ingest import job_view
+from api.key_limits import check_model
 from api.schemas import JobBatchCreate, JobCreate
 from api.state import AppState
 from api.validation import read_binary, validate_inputs
@@ -129,6 +130,7 @@ def prepare(
                     f"priority: at most {limits.max_priority} for tenant {caller.tenant!r}, "
                     f"got {spec.priority}"
                 )
+            check_model(caller, spec.model)  # before the name is looked up: 403, not 404
             signature = state.signatures.resolve(spec.model, spec.version)
             named = uris[index] if uris else {}
             arrays, samples = validate_inputs(

@@ -18,6 +18,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from db.clock import utcnow
+from db.key_limits import NO_KEY_LIMITS, KeyLimits, models_of
 from db.models import DEFAULT_TENANT, ApiKey, Tenant
 from tffleet.errors import InvalidRequest, NotFound
 from tffleet.settings import Settings
@@ -29,11 +30,13 @@ TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 @dataclass(frozen=True)
 class Caller:
-    """Who a request acts for: a tenant, and whether its key is an admin's (sees every tenant)."""
+    """Who a request acts for: a tenant, whether its key is an admin's (sees every tenant), and
+    the key's own limits (db.key_limits)."""
 
     tenant: str
     admin: bool = False
     key_prefix: str = ""
+    limits: KeyLimits = NO_KEY_LIMITS
 
     @property
     def scope(self) -> str | None:
@@ -173,13 +176,20 @@ def list_keys(*, session: Session, tenant: str | None = None) -> list[ApiKey]:
     return list(session.scalars(query))
 
 
-def revoke_key(*, session: Session, prefix: str) -> ApiKey:
-    """Revoke the key with this prefix (the `tff_<prefix>_` part, or the whole key)."""
+def find_key(*, session: Session, prefix: str) -> ApiKey:
+    """The key with this prefix (the `tff_<prefix>_` part, or the whole key); NotFound."""
     match = _KEY.match(prefix)
     prefix = match.group(1) if match else prefix.removeprefix(KEY_PREFIX).rstrip("_")
     row = session.get(ApiKey, prefix)
     if row is None:
         raise NotFound(f"no API key with prefix {prefix!r}")
+    return row
+
+
+def revoke_key(*, session: Session, prefix: str) -> ApiKey:
+    """Revoke the key with this prefix (the `tff_<prefix>_` part, or the whole key)."""
+    row = find_key(session=session, prefix=prefix)
+    prefix = row.prefix
     if row.revoked_at is None:
         session.execute(update(ApiKey).where(ApiKey.prefix == prefix).values(revoked_at=utcnow()))
         session.refresh(row)
@@ -192,12 +202,30 @@ def authenticate(*, session: Session, key: str) -> Caller | None:
     if match is None:
         return None
     row = session.execute(
-        select(ApiKey.digest, ApiKey.tenant, ApiKey.admin, ApiKey.revoked_at).where(
-            ApiKey.prefix == match.group(1)
-        )
+        select(
+            ApiKey.digest,
+            ApiKey.tenant,
+            ApiKey.admin,
+            ApiKey.revoked_at,
+            ApiKey.rate_per_s,
+            ApiKey.rate_burst,
+            ApiKey.max_active_jobs,
+            ApiKey.allowed_models,
+        ).where(ApiKey.prefix == match.group(1))
     ).first()
     # Compared even when there is no row, so an unknown prefix costs what a known one does.
     expected = row.digest if row is not None else "0" * 64
     if not hmac.compare_digest(expected, digest(key)) or row is None or row.revoked_at:
         return None
-    return Caller(tenant=row.tenant, admin=row.admin, key_prefix=match.group(1))
+    limits = KeyLimits(
+        rate_per_s=row.rate_per_s,
+        rate_burst=row.rate_burst,
+        max_active_jobs=row.max_active_jobs,
+        models=models_of(row.allowed_models),
+    )
+    return Caller(
+        tenant=row.tenant,
+        admin=row.admin,
+        key_prefix=match.group(1),
+        limits=NO_KEY_LIMITS if limits == NO_KEY_LIMITS else limits,
+    )

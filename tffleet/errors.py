@@ -6,6 +6,7 @@
     │   │   └── InvalidRequest       a malformed request: not JSON, a cursor we never issued
     │   ├── Unauthorized        401  no API key, or one that is unknown or revoked
     │   ├── Forbidden           403  an admin's route called with a tenant's key
+    │   │   └── ModelNotAllowed      a model the key may not use (its allowed models)
     │   ├── NotFound            404
     │   │   ├── ModelNotFound        unknown model or version
     │   │   └── JobNotFound          unknown job id
@@ -21,8 +22,9 @@
     │   ├── UnsupportedMediaType 415
     │   ├── InvalidInput        422  inputs that do not fit the model's signature
     │   ├── TooManyRequests     429
-    │   │   └── QueueFull            more queued jobs than TFFLEET_MAX_QUEUED_JOBS allows
-    │   │       └── QuotaExceeded    more queued jobs than the tenant's quota allows
+    │   │   ├── QueueFull            more queued jobs than TFFLEET_MAX_QUEUED_JOBS allows
+    │   │   │   └── QuotaExceeded    more queued jobs than the tenant's quota allows
+    │   │   └── RateLimited          over the key's rate, or its cap on queued plus running jobs
     │   └── ServiceUnavailable  503  database or broker unreachable
     │
     │   the client's own (tffleet/client/errors.py), never an answer:
@@ -42,6 +44,7 @@ the server sent, so a proxy's 502 is an HTTPStatusError of status 502.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Self
 
@@ -104,6 +107,10 @@ class Unauthorized(HTTPStatusError):
 class Forbidden(HTTPStatusError):
     status_code = 403
     code = "forbidden"
+
+
+class ModelNotAllowed(Forbidden):
+    code = "model_not_allowed"
 
 
 class NotFound(HTTPStatusError):
@@ -180,6 +187,18 @@ class QueueFull(TooManyRequests):
 
 class QuotaExceeded(QueueFull):
     code = "quota_exceeded"
+
+
+class RateLimited(TooManyRequests):
+    """Over the key's rate or its cap on active jobs; `Retry-After` says when to try again."""
+
+    code = "rate_limited"
+    headers = {"Retry-After": "1"}
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        # Whole seconds, as HTTP has them, rounded up: a client that waits that long may pass.
+        self.headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
 
 
 class ServiceUnavailable(HTTPStatusError):

@@ -155,7 +155,7 @@ async def run_job(
         new = check(cancel_after_s=cancel_after_s)  # a thread hop would cost more
     else:
         new = await run_in_threadpool(check, cancel_after_s=cancel_after_s)
-    await state.admission.admit(len(new), tenant=caller.tenant, limits=limits)
+    await state.admission.admit(len(new), tenant=caller.tenant, limits=limits, caller=caller)
     ingested = await references.ingest(state, new, staged)
     job_id = ingested.jobs[0]["id"]
     wait_s = state.settings.protocol_wait_s if wait_s is None else wait_s

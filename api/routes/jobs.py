@@ -17,6 +17,7 @@ from api.body import INLINE_BYTES, read_json
 from api.deadlines import cancel_after_s
 from api.ids import JobId
 from api.ingest import BLOB
+from api.key_limits import check_model
 from api.metrics import PUBLISH_FAILURES, SUBMIT_SECONDS
 from api.negotiation import Encoding
 from api.schemas import (
@@ -55,7 +56,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
     "",
     status_code=202,
     response_model=JobOut | JobBatchOut,
-    responses={**error_responses(400, 404, 409, 413, 415, 422, 429, 503), 202: openapi.NPZ_ANSWER},
+    responses={
+        **error_responses(400, 403, 404, 409, 413, 415, 422, 429, 503),
+        202: openapi.NPZ_ANSWER,
+    },
     openapi_extra=openapi.SUBMIT,
 )
 async def submit(
@@ -69,7 +73,9 @@ async def submit(
 
     The body is one job, or `{"jobs": [job, ...]}` to submit many at once (all or none).
     With an `Idempotency-Key` header, a request sent again gets the jobs the first one stored
-    (409 if its body differs). 429 while the queue is full.
+    (409 if its body differs). 429 while the queue is full, or past the tenant's quota or the
+    key's rate or cap on active jobs (`rate_limited`: each job takes a token of its rate); 403
+    for a model the key may not use.
 
     With `wait`, the answer is held until every job of the request has ended (outputs
     included) or `wait` seconds pass: submit and long-poll in one round trip. It is 202 either
@@ -127,7 +133,7 @@ async def submit(
             new = check(caller, limits, key)
         else:
             new = await run_in_threadpool(check, caller, limits, key)
-        await state.admission.admit(len(new), tenant=caller.tenant, limits=limits)
+        await state.admission.admit(len(new), tenant=caller.tenant, limits=limits, caller=caller)
         ingested = await references.ingest(state, new, staged)
     except BaseException:
         await references.discard(state, staged)  # a streamed body no job came of
@@ -257,7 +263,7 @@ async def cancel(job_id: JobId, request: Request, state: StateDep) -> Response:
 @router.post(
     "/{job_id}/retry",
     response_model=JobOut,
-    responses=error_responses(404, 409, 410, 422, 429, 503),
+    responses=error_responses(403, 404, 409, 410, 422, 429, 503),
     openapi_extra=openapi.RETRY,
 )
 async def retry(job_id: JobId, request: Request, state: StateDep) -> Response:
@@ -268,7 +274,7 @@ async def retry(job_id: JobId, request: Request, state: StateDep) -> Response:
     caller = await state.auth(request)
     deadline = cancel_after_s(request.headers.get("cancel-after"))
     limits = await state.admission.limits(caller.tenant)
-    await state.admission.admit(1, tenant=caller.tenant, limits=limits)
+    await state.admission.admit(1, tenant=caller.tenant, limits=limits, caller=caller)
 
     def run() -> dict[str, Any]:
         with state.sessions.begin() as session:
@@ -279,6 +285,7 @@ async def retry(job_id: JobId, request: Request, state: StateDep) -> Response:
                 cancel_after_s=deadline,
                 input_ttl_s=state.settings.input_ttl_s,
             )
+            check_model(caller, job.model)  # raised here, the retry is rolled back
             # Where it stands, as a submit's answer says: the queue it joins, in its transaction.
             placed = standing.place(session=session, jobs=[job], recent=state.reader.recent)
             return job_out(job, with_outputs=False, standing=placed.get(job.id))

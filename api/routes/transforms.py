@@ -26,6 +26,7 @@ from sqlalchemy import select
 from api import openapi
 from api.body import read_json
 from api.ids import JobId
+from api.key_limits import check_model
 from api.metrics import PUBLISH_FAILURES
 from api.schemas import error_responses, json_response
 from api.state import AppState, StateDep
@@ -48,7 +49,7 @@ _UNFINISHED = (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
     "",
     status_code=202,
     response_model=TransformOut,
-    responses=error_responses(400, 404, 409, 413, 415, 422, 429, 503),
+    responses=error_responses(400, 403, 404, 409, 413, 415, 422, 429, 503),
     openapi_extra=openapi.TRANSFORM_SUBMIT,
 )
 async def submit(request: Request, state: StateDep) -> Response:
@@ -77,11 +78,15 @@ async def submit(request: Request, state: StateDep) -> Response:
         stored = await run_in_threadpool(_keyed, state, caller, key, digest)
         if stored is not None:
             return _answer(stored, key, replayed=True)
+    check_model(caller, spec.model)  # before its files are inspected
     limits = await state.admission.limits(caller.tenant)
     new = await run_in_threadpool(prepare, state, caller, limits, spec)
     new = dataclasses.replace(new, idempotency_key=key, request_hash=digest)
     shards = len(plan_shards([f["info"]["records"] for f in new.files], new.shard_records))
-    await state.admission.admit(shards, tenant=caller.tenant, limits=limits)
+    # One request: one token of the key's rate; its shards count as jobs against the caps.
+    await state.admission.admit(
+        shards, tenant=caller.tenant, limits=limits, caller=caller, tokens=1
+    )
     out, shard_ids = await run_in_threadpool(_create, state, new)
     if out["id"] != new.id:  # a request with the same key stored it while this one ran
         stored_out, _ = await run_in_threadpool(read, state, caller, out["id"])
@@ -238,7 +243,7 @@ async def cancel(transform_id: JobId, request: Request, state: StateDep) -> Resp
 @router.post(
     "/{transform_id}/retry",
     response_model=TransformOut,
-    responses=error_responses(404, 409, 410, 422, 429, 503),
+    responses=error_responses(403, 404, 409, 410, 422, 429, 503),
 )
 async def retry(transform_id: JobId, request: Request, state: StateDep) -> Response:
     """Run a failed or canceled transform's failed and canceled shards again; the shards done
@@ -254,7 +259,9 @@ async def retry(transform_id: JobId, request: Request, state: StateDep) -> Respo
             )
 
     # Its shards to run again count against the queue's limit and the tenant's quota.
-    await state.admission.admit(await run_in_threadpool(count), tenant=caller.tenant, limits=limits)
+    await state.admission.admit(
+        await run_in_threadpool(count), tenant=caller.tenant, limits=limits, caller=caller, tokens=1
+    )
 
     def run() -> tuple[dict[str, Any], list[str], str, int]:
         with state.sessions.begin() as session:
@@ -264,6 +271,7 @@ async def retry(transform_id: JobId, request: Request, state: StateDep) -> Respo
                 tenant=caller.scope,
                 input_ttl_s=state.settings.input_ttl_s,
             )
+            check_model(caller, transform.model)  # raised here, the retry is rolled back
             model, version = transform.model, transform.version
         return read(state, caller, transform_id)[0], shard_ids, model, version
 
