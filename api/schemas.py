@@ -125,6 +125,18 @@ class JobProgress(BaseModel):
     samples_done: int
 
 
+class JobUsage(BaseModel):
+    """What an ended job cost (DESIGN §15)."""
+
+    queue_s: float = Field(description="Queued: from its creation to its start (its end if none).")
+    run_s: float = Field(description="Running: from its start to its end (0 if it never ran).")
+    device_s: float = Field(
+        description="Its share, by samples, of each forward pass it took part in, in device "
+        "seconds (0 if it never ran); a split job's is its parts' summed."
+    )
+    samples: int
+
+
 class JobOut(BaseModel):
     """A job as the API shows it."""
 
@@ -161,6 +173,9 @@ class JobOut(BaseModel):
     deadline_at: datetime | None = Field(
         default=None,
         description="Its `Cancel-After`: not ended by then, it is canceled (error `deadline`).",
+    )
+    usage: JobUsage | None = Field(
+        default=None, description="Once it ended: what it cost (null until then)."
     )
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from api.schemas import events_with_webhook, webhook_url
+from api.schemas import JobUsage, events_with_webhook, webhook_url
 from db.models import TransformStatus
 from tffleet import webhooks
 
@@ -154,6 +154,11 @@ class TransformOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    usage: JobUsage | None = Field(
+        default=None,
+        description="Once it ended: its shards' device seconds summed, its records as samples, "
+        "and its time queued (to its first shard's start) and running.",
+    )
 
 
 class TransformList(BaseModel):

@@ -37,7 +37,7 @@ import numpy as np
 from sqlalchemy import Table, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from db import cache, clock, webhooks
+from db import cache, clock, usage, webhooks
 from db.jobs import Lease
 from db.models import Job, JobErrorCode, JobInput, JobStatus
 from tffleet import tensors
@@ -170,6 +170,9 @@ def settle(*, session: Session, parent_ids: Iterable[str], spill: Spill | None =
                 _jobs.c.cache_key,
                 _jobs.c.webhook_events,
                 _jobs.c.tenant,
+                _jobs.c.model,
+                _jobs.c.created_at,
+                _jobs.c.started_at,
             )
             .where(_jobs.c.id == parent_id)
             .with_for_update()
@@ -187,11 +190,14 @@ def settle(*, session: Session, parent_ids: Iterable[str], spill: Spill | None =
                 _jobs.c.part_offset,
                 _jobs.c.error_code,
                 _jobs.c.error_message,
+                _jobs.c.device_s,
             )
             .where(_jobs.c.parent_id == parent_id)
             .order_by(_jobs.c.part_offset)
         ).all()
         now = clock.now(session)
+        # Its parts' forward passes (their rows go with its end): what the job cost.
+        device_s = sum(p.device_s or 0.0 for p in parts)
         failed = next((p for p in parts if p.status == JobStatus.FAILED.value), None)
         if failed is not None:
             end = failed.part_offset + failed.samples
@@ -204,9 +210,11 @@ def settle(*, session: Session, parent_ids: Iterable[str], spill: Spill | None =
                     error_message=f"samples {failed.part_offset} to {end - 1}: "
                     f"{failed.error_message or ''}",
                     finished_at=now,
+                    device_s=device_s,
                 )
             )
             _discard(session, parent_id)
+            _record_usage(session, parent, now)
             ended.append(parent_id)
             _record_end(session, parent_id, parent.webhook_events, now)
             continue
@@ -214,7 +222,12 @@ def settle(*, session: Session, parent_ids: Iterable[str], spill: Spill | None =
         values: dict[str, Any] = {"samples_done": sum(p.samples for p in done)}
         if len(done) == parent.parts:
             joined, stored = _join(session, [p.id for p in done], parent_id, parent.tenant, spill)
-            values |= {"status": JobStatus.SUCCEEDED.value, "outputs": joined, "finished_at": now}
+            values |= {
+                "status": JobStatus.SUCCEEDED.value,
+                "outputs": joined,
+                "finished_at": now,
+                "device_s": device_s,
+            }
             if stored:
                 values["stored_bytes"] = func.coalesce(_jobs.c.stored_bytes, 0) + stored
             if parent.cache_key and not stored:  # an output by reference is not cached
@@ -223,8 +236,22 @@ def settle(*, session: Session, parent_ids: Iterable[str], spill: Spill | None =
         session.execute(update(_jobs).where(_jobs.c.id == parent_id).values(**values))
         if parent_id in ended:
             _discard(session, parent_id)
+            _record_usage(session, parent, now)
             _record_end(session, parent_id, parent.webhook_events, now)
     return ended
+
+
+def _record_usage(session: Session, parent: Any, now: Any) -> None:
+    """The split job counts once in usage (db/usage.py) as it ends, with its time queued and
+    running: its parts counted their samples and device seconds as they ran."""
+    cost = usage.Batch(parent.model)
+    cost.add(
+        parent.tenant,
+        ended=True,
+        queue_s=usage.seconds(parent.created_at, parent.started_at),
+        run_s=usage.seconds(parent.started_at, now),
+    )
+    usage.record(session, cost, at=now)
 
 
 def _record_end(session: Session, job_id: str, webhook_events: int | None, now: Any) -> None:

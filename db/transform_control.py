@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy import Table, case, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from db import clock, jobs, webhooks
@@ -203,12 +203,15 @@ def get(*, session: Session, transform_id: str, tenant: str | None = None) -> Tr
 
 def running(*, session: Session, transform: Transform) -> Running:
     """Its running shards and the records they did (heartbeats' `samples_done`), its first
-    shard's start, and which shards' parts are written: one aggregate and one index read."""
+    shard's start, its shards' device seconds, and which shards' parts are written: one
+    aggregate and one index read."""
+    runs = _jobs.c.status == JobStatus.RUNNING.value
     row = session.execute(
         select(
-            func.count(),
-            func.coalesce(func.sum(_jobs.c.samples_done), 0),
-        ).where(_jobs.c.transform_id == transform.id, _jobs.c.status == JobStatus.RUNNING.value)
+            func.coalesce(func.sum(case((runs, 1), else_=0)), 0),
+            func.coalesce(func.sum(case((runs, _jobs.c.samples_done), else_=0)), 0),
+            func.coalesce(func.sum(_jobs.c.device_s), 0.0),  # its `usage` (db/usage.py)
+        ).where(_jobs.c.transform_id == transform.id)
     ).one()
     started = None
     if transform.started_at is None:
@@ -229,6 +232,7 @@ def running(*, session: Session, transform: Transform) -> Running:
         records_done=int(row[1]),
         parts=tuple(int(shard) for shard in parts),
         started_at=started,
+        device_s=float(row[2]),
     )
 
 

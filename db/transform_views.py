@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from db.models import Transform, TransformStatus
+from db.usage import usage_out
 from db.views import iso_utc
 
 # A part's file name by the output's format (the worker writes `<output>/part-<shard:05d>.<ext>`).
@@ -38,6 +39,8 @@ class Running:
     records_done: int = 0
     parts: tuple[int, ...] = ()
     started_at: datetime | None = None  # its first shard's start (the row's is set at an end)
+    # Its shards' device seconds summed (db/usage.py): read where its `usage` is shown.
+    device_s: float | None = None
 
 
 def transform_out(
@@ -88,7 +91,21 @@ def transform_out(
         "created_at": iso_utc(transform.created_at),
         "started_at": iso_utc(started_at),
         "finished_at": iso_utc(transform.finished_at),
+        "usage": _usage(transform, started_at, running) if finished else None,
     }
+
+
+def _usage(transform: Transform | Any, started_at: datetime | None, running: Running) -> Any:
+    """A transform's `usage`, as a job's: its shards summed (None where they were not read)."""
+    if running.device_s is None:
+        return None
+    return usage_out(
+        created_at=transform.created_at,
+        started_at=started_at,
+        finished_at=transform.finished_at,
+        device_s=running.device_s,
+        samples=int(transform.records),
+    )
 
 
 def _eta_s(started: datetime | None, done: int, records: int, now: datetime | None) -> float | None:

@@ -8,12 +8,14 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from db.models import Job, JobStatus
+from db.models import FINISHED, Job, JobStatus
 from db.standing import Standing
+from db.usage import usage_out
 from tffleet import tensors
 from tffleet.announcements import EndedJob
 
 OUTPUT_URI_PREFIX = "tffleet://jobs/"
+_ENDED = frozenset(status.value for status in FINISHED)
 
 
 def iso_utc(value: datetime | None) -> str | None:
@@ -52,6 +54,7 @@ def job_out(
         "cached": bool(getattr(job, "cached", False)),
         **standing_fields(standing),
         "deadline_at": iso_utc(job.deadline_at),
+        "usage": _usage(job),
     }
 
 
@@ -88,6 +91,19 @@ def standing_fields(standing: Standing | None) -> dict[str, Any]:
         "queue_position": standing.queue_position,
         "eta_s": None if eta is None else round(eta, 3),
     }
+
+
+def _usage(job: Job | Row[Any] | EndedJob) -> dict[str, Any] | None:
+    """What an ended job cost (db/usage.py); None until it ends."""
+    if job.status not in _ENDED:
+        return None
+    return usage_out(
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        device_s=job.device_s,
+        samples=job.samples,
+    )
 
 
 def _progress(job: Job | Row[Any] | EndedJob) -> dict[str, int] | None:

@@ -47,6 +47,8 @@ class EndedJob:
     outputs: bytes
     status: str = "succeeded"
     deadline_at: datetime | None = None  # its `Cancel-After`, as stored
+    samples: int = 0  # for its `usage`
+    device_s: float | None = None  # its share of the batch's forward passes (its `usage`)
     error_code: None = None
     error_message: None = None
 
@@ -63,6 +65,8 @@ class EndedJob:
             "worker": self.worker,
             "outputs": pybase64.b64encode(self.outputs).decode("ascii"),
             "deadline_at": _iso(self.deadline_at),
+            "samples": self.samples,
+            "device_s": self.device_s,
         }
 
     @classmethod
@@ -79,6 +83,8 @@ class EndedJob:
             worker=item["worker"],
             outputs=pybase64.b64decode(item["outputs"]),
             deadline_at=_parse(item.get("deadline_at")),  # absent from an older worker's
+            samples=int(item.get("samples") or 0),
+            device_s=item.get("device_s"),
         )
 
 

@@ -30,3 +30,9 @@ DEVICE_BUSY_SECONDS = Counter(
     "Seconds a device spent in forward passes: its rate is the device's busy fraction",
     ["device", "model"],
 )
+DEVICE_SECONDS = Counter(
+    "tffleet_device_seconds",
+    "Seconds of forward passes, each pass's split among its jobs by samples, by the jobs' tenant "
+    "(the same seconds as tffleet_device_busy_seconds, counted as their batches are written)",
+    ["tenant", "model"],
+)

@@ -108,6 +108,9 @@ class Ran:
     outputs: list[tuple[Lease, Arrays]] = field(default_factory=list)
     failed: list[Outcome] = field(default_factory=list)
     busy_s: float = 0.0  # seconds spent in the model's forward passes
+    # Each job's share of them, by job id: every pass's seconds split among the jobs whose
+    # samples it ran, by their samples (padding is nobody's): they add up to `busy_s`.
+    device_s: dict[str, float] = field(default_factory=dict)
 
 
 def decode(
@@ -205,7 +208,8 @@ def describe_failure() -> str:
 
 
 def _run_group(group: Group, ran: Ran, *, runner: Runner, policy: BatchPolicy) -> None:
-    outputs = _forward(group.batch, total=group.samples, ran=ran, runner=runner, policy=policy)
+    leases = [lease for lease, _ in group.jobs]
+    outputs = _forward(group.batch, leases=leases, ran=ran, runner=runner, policy=policy)
     start = 0
     for lease, _ in group.jobs:
         end = start + lease.samples
@@ -213,8 +217,12 @@ def _run_group(group: Group, ran: Ran, *, runner: Runner, policy: BatchPolicy) -
         start = end
 
 
-def _forward(batch: Arrays, *, total: int, ran: Ran, runner: Runner, policy: BatchPolicy) -> Arrays:
-    """Pad to a bucket and run; a batch over max_batch_size runs in chunks, joined in order."""
+def _forward(
+    batch: Arrays, *, leases: Sequence[Lease], ran: Ran, runner: Runner, policy: BatchPolicy
+) -> Arrays:
+    """Pad to a bucket and run; a batch over max_batch_size runs in chunks, joined in order.
+    Each pass's seconds go to the jobs whose rows it ran (`_share`), whether it raised or not."""
+    total = sum(lease.samples for lease in leases)
     parts: list[Arrays] = []
     for start in range(0, total, policy.max_batch_size):
         chunk = {k: v[start : start + policy.max_batch_size] for k, v in batch.items()}
@@ -226,11 +234,33 @@ def _forward(batch: Arrays, *, total: int, ran: Ran, runner: Runner, policy: Bat
         try:
             out = runner.run(chunk)
         finally:
-            ran.busy_s += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            ran.busy_s += spent
+            _share(ran.device_s, leases, start, size, spent)
         parts.append({k: np.asarray(v)[:size] for k, v in out.items()})
     if len(parts) == 1:
         return parts[0]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _share(
+    shares: dict[str, float], leases: Sequence[Lease], start: int, size: int, seconds: float
+) -> None:
+    """Split one pass's `seconds` over rows `start` to `start + size` of the jobs `leases`
+    hold, in order, among those jobs by how many of those rows each has."""
+    if len(leases) == 1:  # the usual large job, or a batch of one: no arithmetic
+        job_id = leases[0].job_id
+        shares[job_id] = shares.get(job_id, 0.0) + seconds
+        return
+    per_row = seconds / size if size else 0.0
+    end, offset = start + size, 0
+    for lease in leases:
+        rows = min(end, offset + lease.samples) - max(start, offset)
+        offset += lease.samples
+        if rows > 0:
+            shares[lease.job_id] = shares.get(lease.job_id, 0.0) + rows * per_row
+        elif offset >= end:
+            break
 
 
 def _joined(arrays: list[np.ndarray]) -> np.ndarray:

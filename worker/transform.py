@@ -36,11 +36,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import clock, jobs, transforms
+from db import clock, jobs, transforms, usage
 from db.jobs import Lease
 from db.models import JobErrorCode
 from tffleet.datasets import writers
@@ -113,10 +114,11 @@ class ShardRunner:
         """Run one claimed shard to its end; raises what the task must retry after (its lease
         handed back first)."""
         report = BatchReport(claimed=1, samples=lease.samples)
+        tally = _Tally()
         try:
-            self._end(lease, report)
+            self._end(lease, report, tally)
         except _ShardFailed as exc:
-            report.written = self._fail(lease, exc.code, exc.message)
+            report.written = self._fail(lease, exc.code, exc.message, tally)
             report.failed = 1
         except _Stopped as exc:
             self.heartbeat.drop([lease])
@@ -137,10 +139,9 @@ class ShardRunner:
             raise
         return report
 
-    def _end(self, lease: Lease, report: BatchReport) -> None:
+    def _end(self, lease: Lease, report: BatchReport, tally: _Tally) -> None:
         spec = self._spec(lease)
         self._check_outputs(spec)
-        tally = _Tally()
         part = PartWriter(spec.part, spec.output_format)
         try:
             self._stream(lease, spec, tally, part)
@@ -270,9 +271,12 @@ class ShardRunner:
         failed = len(tally.errors)
         outputs = counts(spec.records, tally.written, failed)
         with self.sessions.begin() as session:
+            now = clock.now(session)
             written = jobs.complete(
-                session=session, results=[(lease, outputs)], now=clock.now(session)
-            )
+                session=session, results=[(lease, outputs)], now=now,
+                device_s={lease.job_id: tally.busy_s},
+            )  # fmt: skip
+            _record_usage(session, self.task.model, lease, tally, now, ended=bool(written))
             if written:
                 transforms.shard_finished(
                     session, job_id=lease.job_id, transform_id=spec.transform,
@@ -287,14 +291,38 @@ class ShardRunner:
         )  # fmt: skip
         return written
 
-    def _fail(self, lease: Lease, code: JobErrorCode, message: str) -> int:
+    def _fail(self, lease: Lease, code: JobErrorCode, message: str, tally: _Tally) -> int:
         with self.sessions.begin() as session:
-            failed = jobs.fail(session=session, leases=[lease], code=code, message=message)
+            failed = jobs.fail(
+                session=session, leases=[lease], code=code, message=message,
+                device_s={lease.job_id: tally.busy_s},
+            )  # fmt: skip
+            _record_usage(
+                session, self.task.model, lease, tally, clock.now(session), ended=bool(failed)
+            )
         self.heartbeat.drop([lease])
         metrics.JOBS_FINISHED.labels(self.task.model, "failed").inc(failed)
         self.notify([lease.job_id])
         log.warning("shard job %s failed %s: %s", lease.job_id, code.value, message)
         return failed
+
+
+def _record_usage(
+    session: Session, model: str, lease: Lease, tally: _Tally, now: datetime, *, ended: bool
+) -> None:
+    """A shard's usage (db/usage.py), in the transaction that ends it: its records as samples,
+    its forward passes' seconds; counted as a job only where this ended it (its lease held)."""
+    cost = usage.Batch(model)
+    cost.add(
+        lease.tenant,
+        ended=ended,
+        samples=tally.done if ended else 0,
+        device_s=tally.busy_s,
+        queue_s=usage.seconds(lease.created_at, lease.started_at) if ended else 0.0,
+        run_s=usage.seconds(lease.started_at, now) if ended else 0.0,
+    )
+    usage.record(session, cost, at=now)
+    metrics.DEVICE_SECONDS.labels(lease.tenant or "", model).inc(tally.busy_s)
 
 
 def _replace_earlier_attempt(spec: ShardSpec, tally: _Tally) -> None:

@@ -10,13 +10,14 @@ once the others are written.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import clock, jobs, parts
+from db import clock, jobs, parts, usage
 from db.jobs import Lease
 from db.models import JobErrorCode
 from tffleet.announcements import MAX_INLINE_OUTPUTS_BYTES, EndedJob
@@ -82,17 +83,20 @@ class Writer:
             outcomes = [(lease, out) for lease, out in outcomes if lease.job_id not in skipped]
             succeeded = [(lease, out) for lease, out in outcomes if isinstance(out, bytes)]
             failed = [(lease, out) for lease, out in outcomes if not isinstance(out, bytes)]
+            spent = ran.device_s
             with self.sessions.begin() as session:
                 finished_at = clock.now(session)
                 report.written = jobs.complete(
-                    session=session, results=succeeded, now=finished_at, stored=stored.sizes
-                )
+                    session=session, results=succeeded, now=finished_at, stored=stored.sizes,
+                    device_s=spent,
+                )  # fmt: skip
                 whole = report.written == len(succeeded)
                 for lease, failure in failed:
                     code, message = _code_and_message(failure)
                     report.written += jobs.fail(
-                        session=session, leases=[lease], code=code, message=message
-                    )
+                        session=session, leases=[lease], code=code, message=message,
+                        device_s=spent,
+                    )  # fmt: skip
                 if stored.unwritten:
                     jobs.unclaim(
                         session=session,
@@ -103,6 +107,8 @@ class Writer:
                 joined = parts.settle(
                     session=session, parent_ids=parents(leases), spill=self._spill()
                 )
+                cost = costs(model, leases, spent, skipped=skipped, finished_at=finished_at)
+                usage.record(session, cost, at=finished_at)
         except INFRA_ERRORS:
             handoff.hand_back(
                 leases, task=self.task, sessions=self.sessions, heartbeat=self.heartbeat,
@@ -116,6 +122,8 @@ class Writer:
         report.succeeded, report.failed = len(succeeded), len(failed)
         metrics.JOBS_FINISHED.labels(model, "succeeded").inc(report.succeeded)
         metrics.JOBS_FINISHED.labels(model, "failed").inc(report.failed)
+        for tenant, tally in cost.by_tenant.items():
+            metrics.DEVICE_SECONDS.labels(tenant, model).inc(tally.device_s)
         # A job is announced whole only when every result was written: a fenced-out one (its
         # lease lost) is not this worker's to describe.
         results = {lease.job_id: out for lease, out in succeeded} if whole else {}
@@ -140,6 +148,8 @@ class Writer:
                     worker=self.task.worker or lease.owner,
                     outputs=outputs,
                     deadline_at=lease.deadline_at,
+                    samples=lease.samples,
+                    device_s=spent.get(lease.job_id, 0.0),
                 )
             )
         self.notify([*ended, *joined])
@@ -176,6 +186,34 @@ def _code_and_message(failure: str | Failure) -> tuple[JobErrorCode, str]:
     if isinstance(failure, Failure):
         return failure.code, failure.message
     return JobErrorCode.MODEL_ERROR, failure
+
+
+def costs(
+    model: str,
+    leases: Sequence[Lease],
+    device_s: Mapping[str, float],
+    *,
+    skipped: Set[str],
+    finished_at: datetime,
+) -> usage.Batch:
+    """What a written batch cost, by tenant (db/usage.py): every job's device seconds (the
+    device spent them, whatever came of the job); a job that ended here counts once, with its
+    samples and its time queued and running; a split job's part, its samples only (the job
+    counts when it ends); a job not written (`skipped`: its lease was lost, or the store did not
+    take its outputs), only its device seconds."""
+    batch = usage.Batch(model)
+    for lease in leases:
+        done = lease.job_id not in skipped
+        whole = done and lease.parent_id is None
+        batch.add(
+            lease.tenant,
+            ended=whole,
+            samples=lease.samples if done else 0,
+            device_s=device_s.get(lease.job_id, 0.0),
+            queue_s=usage.seconds(lease.created_at, lease.started_at) if whole else 0.0,
+            run_s=usage.seconds(lease.started_at, finished_at) if whole else 0.0,
+        )
+    return batch
 
 
 def parents(leases: Sequence[Lease]) -> set[str]:

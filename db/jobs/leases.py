@@ -112,9 +112,16 @@ def _complete_statement() -> Update:
         # Null stays null (the job owns no object) where nothing was stored: NULL + 0 is NULL;
         # a job that stored outputs was set to at least 0 first (`reserve_storage`).
         stored_bytes=_jobs.c.stored_bytes + bindparam("b_stored"),
+        device_s=_device_s(),
         lease_owner=None,
         lease_expires_at=None,
     )
+
+
+def _device_s() -> ColumnElement[float]:
+    """The job's device seconds plus this batch's share (`b_device`): an earlier attempt's
+    forward passes (a job failed, then retried) count too."""
+    return func.coalesce(_jobs.c.device_s, 0.0) + bindparam("b_device")
 
 
 def complete(
@@ -123,16 +130,20 @@ def complete(
     results: Sequence[tuple[Lease, bytes]],
     now: datetime | None = None,
     stored: Mapping[str, int] | None = None,
+    device_s: Mapping[str, float] | None = None,
 ) -> int:
     """Write outputs where the lease still matches; returns how many were written.
 
     `now`: the `finished_at` to store, when the caller must know it exactly. `stored`: by job
     id, the bytes of the outputs its worker wrote to the object store (under a
-    `reserve_storage` of the same lease), added to the job's `stored_bytes`."""
+    `reserve_storage` of the same lease), added to the job's `stored_bytes`. `device_s`: by job
+    id, its share of the batch's forward passes (worker/pipeline.py), added to its `device_s`:
+    in the same UPDATE, no statement more."""
     if not results:
         return 0
     now = now or clock.now(session)
     stored = stored or {}
+    device_s = device_s or {}
     # Outputs are the inputs' whatever the fence says: cached even where a late one is dropped.
     # Not outputs that point into the store: those objects go with their job (DELETE, ttl), and
     # a cached reference would outlive them.
@@ -149,7 +160,13 @@ def complete(
         session,
         _complete_statement(),
         [
-            _fence(lease, b_outputs=outputs, b_now=now, b_stored=stored.get(lease.job_id, 0))
+            _fence(
+                lease,
+                b_outputs=outputs,
+                b_now=now,
+                b_stored=stored.get(lease.job_id, 0),
+                b_device=device_s.get(lease.job_id, 0.0),
+            )
             for lease, outputs in results
         ],
     )
@@ -168,11 +185,20 @@ def _record_ended(session: Session, leases: Sequence[Lease], now: datetime) -> N
     webhooks.record(session=session, event=webhooks.Event.COMPLETED, job_ids=ended, at=now)
 
 
-def fail(*, session: Session, leases: Sequence[Lease], code: JobErrorCode, message: str) -> int:
-    """End held jobs `failed` with an error code; returns how many were."""
+def fail(
+    *,
+    session: Session,
+    leases: Sequence[Lease],
+    code: JobErrorCode,
+    message: str,
+    device_s: Mapping[str, float] | None = None,
+) -> int:
+    """End held jobs `failed` with an error code; returns how many were. `device_s`: by job
+    id, the forward passes' seconds it took before it failed (as `complete`'s)."""
     if not leases:
         return 0
     now = clock.now(session)
+    device_s = device_s or {}
     failed = _fenced_update(
         session,
         _fenced_statement(
@@ -180,10 +206,11 @@ def fail(*, session: Session, leases: Sequence[Lease], code: JobErrorCode, messa
             error_code=JobErrorCode(code).value,
             error_message=message,
             finished_at=now,
+            device_s=_device_s(),
             lease_owner=None,
             lease_expires_at=None,
         ),
-        [_fence(lease) for lease in leases],
+        [_fence(lease, b_device=device_s.get(lease.job_id, 0.0)) for lease in leases],
     )
     _record_ended(session, leases, now)
     if failed:  # a transform's shards among them count as failed for good (db/transforms.py)

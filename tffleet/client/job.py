@@ -42,6 +42,28 @@ class OutputRef:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """What an ended job cost: seconds queued and running, its share by samples of the forward
+    passes it took part in (device seconds), its samples."""
+
+    queue_s: float
+    run_s: float
+    device_s: float
+    samples: int
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Usage | None:
+        if data is None:
+            return None
+        return cls(
+            queue_s=float(data["queue_s"]),
+            run_s=float(data["run_s"]),
+            device_s=float(data["device_s"]),
+            samples=int(data["samples"]),
+        )
+
+
+@dataclass(frozen=True)
 class Job:
     """A job as the API last showed it. `outputs` is set once it has succeeded."""
 
@@ -72,6 +94,8 @@ class Job:
     # in `outputs` with the others, so `outputs` holds every output either way. None where
     # none was: an .npz answer carries the outputs held in the API's store with the others.
     references: dict[str, OutputRef] | None = None
+    # Once it ended: what it cost (None until then, and from an older API).
+    usage: Usage | None = None
 
     @property
     def finished(self) -> bool:
@@ -119,6 +143,7 @@ class Job:
             "deadline_at": _iso(self.deadline_at),
             "queue_position": self.queue_position,
             "eta_s": self.eta_s,
+            "usage": dict(self.usage.__dict__) if self.usage is not None else None,
         }
 
     @classmethod
@@ -153,6 +178,7 @@ class Job:
                 deadline_at=_datetime(data.get("deadline_at")),  # absent from an older API
                 queue_position=data.get("queue_position"),  # absent from an older API
                 eta_s=data.get("eta_s"),
+                usage=Usage.from_wire(data.get("usage")),  # absent from an older API
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"not a job: {exc!r} in {str(data)[:200]}") from None
