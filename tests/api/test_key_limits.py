@@ -87,6 +87,7 @@ async def test_a_retry_of_a_job_of_a_model_the_key_may_not_use_is_403_and_change
 # Rate
 
 
+@pytest.mark.both_databases
 async def test_past_its_burst_a_key_is_429_rate_limited_with_retry_after(
     api: Api, sessions: Sessions
 ) -> None:
@@ -216,6 +217,7 @@ async def test_a_rate_check_costs_well_under_a_tenth_of_a_millisecond(
 # The cap on queued plus running jobs
 
 
+@pytest.mark.both_databases
 async def test_a_key_capped_on_active_jobs_is_429_while_its_tenant_has_that_many(
     api: Api, sessions: Sessions, monkeypatch: pytest.MonkeyPatch
 ) -> None:

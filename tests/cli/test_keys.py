@@ -110,6 +110,7 @@ def test_create_takes_limits_and_the_key_carries_them(
     assert " 5 " in listed and " 10 " in listed and " 100 " in listed and "mlp,pair" in listed
 
 
+@pytest.mark.both_databases
 def test_set_changes_only_the_limits_given_and_none_takes_one_off(
     database: str, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
 ) -> None:
