@@ -130,7 +130,8 @@ class RateLimiter:
             local.held -= n
             return
         if local.seen_at is not None:
-            # The most the bucket can hold now: others only take from it.
+            # The most the bucket can hold now: others take from it, and give back only tokens
+            # they took ahead (a few: this may refuse a request a lease's worth too early).
             most = min(burst, local.seen + (now - local.seen_at) * rate) + local.held
             if most < n:
                 raise self._refused(caller, limits, n, (n - most) / rate)
