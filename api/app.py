@@ -34,6 +34,7 @@ from api.routes import (
     transform_files,
     transforms,
     uploads,
+    usage,
     webhooks,
 )
 from api.schemas import json_response
@@ -162,6 +163,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(transform_files.router)
     app.include_router(events.router)
     app.include_router(models.router)
+    app.include_router(usage.router)
     app.include_router(tfserving.router)
     app.include_router(oip.router)
     app.include_router(webhooks.router)

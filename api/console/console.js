@@ -135,6 +135,7 @@ function draw(o) {
     el("td", { class: "num" }, t.queued),
     el("td", { class: "num" }, t.running),
     el("td", { class: "num" }, t.max_queued_jobs ? t.max_queued_jobs : "none"),
+    el("td", { class: "num" }, (t.device_s_1h || 0).toFixed(1)),
   ], "No tenant.");
   fill("storage", storageRows(o.storage), (r) => [
     el("td", {}, r[0]),

@@ -39,6 +39,7 @@ from db import (
     standing,
     tenants,
     transform_control,
+    usage,
 )
 from db.backlog import per_model as backlog_per_model
 from db.models import JobStatus, ModelPresence
@@ -57,6 +58,8 @@ _FRESH_S = 1.0
 _SETTLED = timedelta(seconds=30)
 # Storage (the database's size, a count of the kept inputs) changes slowly: read this seldom.
 _STORAGE_FRESH_S = 10.0
+# The tenants' device seconds over the last hour (usage_records: a row per batch) read this seldom.
+_USAGE_FRESH_S = 5.0
 
 router = APIRouter(tags=["console"])
 
@@ -72,10 +75,11 @@ async def overview(request: Request) -> Response:
     """The fleet at a glance, for the console: each model version with the live children
     holding it (host, device, state, busy share) and its queued and running jobs and oldest
     queued age; the models stalled past TFFLEET_STALL_WARN_S (jobs queued, children ready, no
-    claim: `stalled`); the devices; the tenants with their queued jobs and quotas; jobs ended and
-    their latency per minute over the last 15 minutes; the latest failures; storage (the
-    database's size, the jobs that keep their inputs, and how long each thing is kept); the
-    latest transforms with their progress. Admin keys only."""
+    claim: `stalled`); the devices; the tenants with their queued jobs, quotas and device
+    seconds over the last hour; jobs ended and their latency per minute over the last 15
+    minutes; the latest failures; storage (the database's size, the jobs that keep their
+    inputs, and how long each thing is kept); the latest transforms with their progress. Admin
+    keys only."""
     state = get_state(request)
     await state.auth.admin(request)
     cache: _Cache | None = getattr(request.app.state, "console_overview", None)
@@ -95,6 +99,8 @@ class _Cache:
         self.closed: dict[datetime, console.Minute] = {}
         self.storage: dict[str, Any] = {}
         self.storage_at = float("-inf")
+        self.device_s: dict[str, float] = {}
+        self.device_s_at = float("-inf")
 
     async def get(self, state: AppState) -> dict[str, Any]:
         async with self._lock:
@@ -127,6 +133,9 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
         per_model = backlog_per_model(session=session, poll_s=settings.model_poll_s, now=now)
         if time.monotonic() - cache.storage_at > _STORAGE_FRESH_S:
             cache.storage, cache.storage_at = _storage(session, state), time.monotonic()
+        if time.monotonic() - cache.device_s_at > _USAGE_FRESH_S:
+            cache.device_s = usage.device_by_tenant(session=session, now=now)
+            cache.device_s_at = time.monotonic()
     cache.keep(minutes, now)
 
     def age_s(model: str, version: int) -> float | None:
@@ -176,8 +185,10 @@ def _read_overview(state: AppState, cache: _Cache) -> dict[str, Any]:
                 "weight": defaults.over(tenant_rows.get(name)).weight,
                 "max_queued_jobs": defaults.over(tenant_rows.get(name)).max_queued_jobs,
                 **backlog.per_tenant.get(name, {"queued": 0, "running": 0}),
+                # Its jobs' device seconds over the last hour (db/usage.py).
+                "device_s_1h": cache.device_s.get(name, 0.0),
             }
-            for name in sorted(set(tenant_rows) | set(backlog.per_tenant))
+            for name in sorted(set(tenant_rows) | set(backlog.per_tenant) | set(cache.device_s))
         ],
         "minutes": [
             {

@@ -88,6 +88,7 @@ async def test_the_overview_shows_models_holders_devices_tenants_minutes_and_fai
     acme_row = next(t for t in o["tenants"] if t["name"] == "acme")
     assert acme_row == {
         "name": "acme", "weight": 3, "max_queued_jobs": 50, "queued": 2, "running": 0,
+        "device_s_1h": 0.0,
     }  # fmt: skip
     assert len(o["minutes"]) == 16
     # Ended this minute, or the last one if a minute began since.

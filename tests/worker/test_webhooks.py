@@ -126,6 +126,7 @@ def test_retried_until_accepted_under_one_id_and_signed(sessions: Sessions, deli
     assert started | {"status": "succeeded"} == expected | {
         "outputs": None,
         "finished_at": None,
+        "usage": None,
     }
     until(lambda: all(row.status == "delivered" for row in rows(sessions)))
     delivered = rows(sessions)

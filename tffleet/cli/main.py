@@ -3,7 +3,7 @@
 Each group is a file of this package: `up` (the whole fleet on one machine), `services` (api,
 worker, sweeper, flower, migrate), `jobs` (submit, status, retry, delete), `models` (register,
 list, reload), `keys` (create, list, revoke), `tenants` (list, set), `transform` (transform,
-transforms, datasets).
+transforms, datasets), `usage`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tffleet.cli.services import add_service_commands
 from tffleet.cli.tenants import add_tenant_commands
 from tffleet.cli.transform import add_transform_commands
 from tffleet.cli.up import add_up_command
+from tffleet.cli.usage import add_usage_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_key_commands(sub)  # keys create, list, revoke
     add_tenant_commands(sub)  # tenants list, set
     add_transform_commands(sub)  # transform; transforms status, list, ...; datasets put
+    add_usage_command(sub)  # usage
     return parser
 
 
