@@ -1,11 +1,14 @@
 """Claim time against queue depth on PostgreSQL: the claim's index by priority, highest first,
-against the ascending one it replaced (side by side, one database).
+then deadline (`pick_deadline`), against those it replaced: without the deadline (the claim
+then sorts a priority's jobs by deadline), and by ascending priority (side by side, one
+database).
 
     .venv/bin/python -m bench.claim [--database-url postgresql+psycopg://postgres@127.0.0.1/test]
 
-Stores 64,000 queued one-sample jobs of one model (priorities 0 to 6) in a scratch database,
-then times `db.jobs.claim_next` for a batch of 128 (each in a transaction rolled back), with
-each index in turn.
+Stores 64,000 queued one-sample jobs of one model (priorities 0 to 6; with --deadlines F, a
+fraction F of them with a `Cancel-After` of 1 to 2 hours) in a scratch database, then times
+`db.jobs.claim_next` for a batch of 128 (each in a transaction rolled back), with each index in
+turn.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from db import jobs
 from db.engine import make_engine, make_sessionmaker
 
 INDEXES = {
-    "priority DESC (now)": "model, version, status, tenant, priority DESC, id",
-    "priority ASC (before)": "model, version, status, tenant, priority, id",
+    "priority DESC, deadline (now)": "model, version, status, tenant, priority DESC, "
+    "pick_deadline, id",
+    "priority DESC (before)": "model, version, status, tenant, priority DESC, id",
+    "priority ASC (before that)": "model, version, status, tenant, priority, id",
 }
 
 
@@ -29,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default="postgresql+psycopg://postgres@127.0.0.1/test")
     parser.add_argument("--jobs", type=int, default=64_000)
+    parser.add_argument("--deadlines", type=float, default=0.0, metavar="F")
     args = parser.parse_args(argv)
     with scratch_database(args.database_url) as url:
         engine = make_engine(url)
@@ -38,7 +44,16 @@ def main(argv: list[str] | None = None) -> int:
                 jobs.create(
                     session=session,
                     jobs=[
-                        jobs.NewJob(model="m", version=1, samples=1, inputs=b"x", priority=i % 7)
+                        jobs.NewJob(
+                            model="m",
+                            version=1,
+                            samples=1,
+                            inputs=b"x",
+                            priority=i % 7,
+                            cancel_after_s=3600.0 + i % 3600
+                            if (i * 0.618) % 1 < args.deadlines
+                            else None,
+                        )
                         for i in range(start, min(start + 4000, args.jobs))
                     ],
                 )
@@ -58,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 took.append(time.perf_counter() - started)
                 session.rollback()
                 session.close()
-            print(f"  {label:24s} {statistics.median(took) * 1000:7.2f} ms")
+            print(f"  {label:30s} {statistics.median(took) * 1000:7.2f} ms")
         engine.dispose()
     return 0
 

@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from db import cache, clock, usage, webhooks
 from db.jobs import Lease
 from db.models import Job, JobErrorCode, JobInput, JobStatus
+from db.models.jobs import NO_DEADLINE
 from tffleet import tensors
 from tffleet.objectstore import ObjectStore, keys
 from tffleet.tensors import Reference
@@ -106,6 +107,8 @@ def split(
                 "samples": min(part_samples, lease.samples - start),
                 "attempts": 0,
                 "created_at": lease.created_at,
+                # The job's place among its tenant's jobs of its priority: by its deadline.
+                "pick_deadline": lease.deadline_at or NO_DEADLINE,
             }
         )
     session.execute(_jobs.insert(), rows)

@@ -2,10 +2,11 @@
 
 The claim (`db.jobs.claim_next`) fills a batch of a model version from the tenants that wait, in
 turn: the tenant least served for its weight goes next (samples taken so far / weight), of equals
-the one whose next job is oldest; a tenant's own jobs go by priority (highest first), then age.
-So a job's `queue_position` counts, among the queued jobs of its model version:
+the one whose next job is oldest; a tenant's own jobs go by priority (highest first), then
+deadline (`Cancel-After`: earliest first, those without one after), then age. So a job's
+`queue_position` counts, among the queued jobs of its model version:
 
-- its own tenant's jobs ahead of it in that tenant's order (exact: priority, then age), which
+- its own tenant's jobs ahead of it in that tenant's order (exact: priority, deadline, age), which
   hold about `a` samples (their number times the tenant's average queued job size); and
 - for every other tenant U (weight w_U, n_U queued jobs of m_U samples on average), the jobs of U
   that the weighted turns take while this job's tenant (weight w) serves those `a` samples: the
@@ -13,9 +14,9 @@ So a job's `queue_position` counts, among the queued jobs of its model version:
   the older; U's queued jobs older than this one stand in for "the k-th is the older".
 
 Where it is an estimate, not a promise:
-- Priority orders a tenant's own jobs only: another tenant's high-priority job does not pass this
-  one, and this tenant's own new high-priority jobs, or a newly waiting tenant, do (the position
-  can grow).
+- Priority and deadlines order a tenant's own jobs only: another tenant's high-priority job does
+  not pass this one, and this tenant's own new high-priority jobs or jobs with an earlier
+  deadline, or a newly waiting tenant, do (the position can grow).
 - Each batch starts the turns afresh (a tenant's served samples count within one batch), while
   the position counts turns over the whole queue: where the queue spans several batches, a batch
   whose room does not divide evenly gives its odd samples to the tenant whose next job is oldest,
@@ -33,12 +34,12 @@ finished lately (`Recent.rate`): the time to drain what is ahead at the recent p
 jobs left out). None when nothing of that version finished within the window.
 
 Cost: one statement per queued job read, a GROUP BY tenant over the queued entries of its model
-version in `ix_jobs_pick` (model, version, status, tenant, priority, id): the index alone answers
-it, no row is read, but it walks that version's whole queue (about 1.5 ms for 10,000 queued jobs on
-SQLite). For many queued jobs of one version in one read (a listing, a bulk submit), one statement
-reads that version's queue from the index once and each is placed from it. What needs the rows
-(job sizes, tenants' weights, the recent pace: `Recent`) is read at most every few seconds per
-process.
+version in `ix_jobs_pick` (model, version, status, tenant, priority, pick_deadline, id): the
+index alone answers it, no row is read, but it walks that version's whole queue (about 1.5 ms for
+10,000 queued jobs on SQLite). For many queued jobs of one version in one read (a listing, a bulk
+submit), one statement reads that version's queue from the index once and each is placed from it.
+What needs the rows (job sizes, tenants' weights, the recent pace: `Recent`) is read at most
+every few seconds per process.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Queued(Protocol):
     version: int
     status: str
     priority: int
+    pick_deadline: datetime  # its deadline, or NO_DEADLINE: its place among equal priorities
     samples: int
     parent_id: str | None
 
@@ -91,7 +93,7 @@ class TenantLine:
     jobs: int  # n: its queued jobs
     mean_samples: float  # S / n: their average size (`Recent.sizes`)
     older: int  # those submitted before the job being placed
-    ahead: int  # those before it in the tenant's own order (priority, then age)
+    ahead: int  # those before it in the tenant's own order (priority, deadline, then age)
 
 
 def position(*, tenant: str, lines: Iterable[TenantLine]) -> tuple[int, float]:
@@ -134,7 +136,11 @@ _QUEUE = (
 # Every column these read is in `ix_jobs_pick`: the index alone answers them (no row is read).
 _AHEAD = or_(
     _jobs.c.priority > bindparam("p_priority"),
-    (_jobs.c.priority == bindparam("p_priority")) & (_jobs.c.id < bindparam("p_id")),
+    (_jobs.c.priority == bindparam("p_priority"))
+    & (
+        (_jobs.c.pick_deadline < bindparam("p_pick"))
+        | ((_jobs.c.pick_deadline == bindparam("p_pick")) & (_jobs.c.id < bindparam("p_id")))
+    ),
 )
 _LINES = (
     select(
@@ -146,7 +152,9 @@ _LINES = (
     .where(*_QUEUE)
     .group_by(_jobs.c.tenant)
 )
-_QUEUE_ROWS = select(_jobs.c.tenant, _jobs.c.priority, _jobs.c.id).where(*_QUEUE)
+_QUEUE_ROWS = select(_jobs.c.tenant, _jobs.c.priority, _jobs.c.pick_deadline, _jobs.c.id).where(
+    *_QUEUE
+)
 
 # A read with more queued jobs of one version than this reads that version's queue once: reading
 # it into Python costs about as much as ten statements of one job each (both walk the whole
@@ -164,6 +172,7 @@ def _lines_of(session: Session, job: Queued, recent: Recent) -> list[TenantLine]
         "p_model": job.model,
         "p_version": job.version,
         "p_priority": job.priority,
+        "p_pick": job.pick_deadline,
         "p_id": job.id,
     }
     rows = session.execute(_LINES, params).all()
@@ -189,13 +198,13 @@ class QueueSnapshot:
 
     def __init__(self, *, session: Session, model: str, version: int, recent: Recent) -> None:
         rows = session.execute(_QUEUE_ROWS, {"p_model": model, "p_version": version}).all()
-        orders: defaultdict[str, list[tuple[int, str]]] = defaultdict(list)
-        for tenant, priority, job_id in rows:
-            orders[tenant].append((-priority, job_id))
+        orders: defaultdict[str, list[tuple[int, datetime, str]]] = defaultdict(list)
+        for tenant, priority, pick_deadline, job_id in rows:
+            orders[tenant].append((-priority, pick_deadline, job_id))
         self._sizes = recent.sizes(session=session, model=model, version=version, tenants=orders)
-        # Per tenant: its jobs by (-priority, id), and their ids by age.
+        # Per tenant: its jobs by (-priority, deadline, id), and their ids by age.
         self._queues = {
-            tenant: (sorted(order), sorted(job_id for _, job_id in order))
+            tenant: (sorted(order), sorted(job_id for *_, job_id in order))
             for tenant, order in orders.items()
         }
 
@@ -207,7 +216,7 @@ class QueueSnapshot:
                 jobs=len(ids),
                 mean_samples=self._sizes.get(tenant, _UNSEEN)[1],
                 older=bisect.bisect_left(ids, job.id),
-                ahead=bisect.bisect_left(order, (-job.priority, job.id)),
+                ahead=bisect.bisect_left(order, (-job.priority, job.pick_deadline, job.id)),
             )
             for tenant, (order, ids) in self._queues.items()
         ]

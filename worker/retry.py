@@ -62,6 +62,8 @@ What never runs again
   retries it (11).
 - A job past its deadline (`Cancel-After`): the claim cancels it instead of starting it, and the
   sweeper cancels it if it is queued or running (`db.jobs.cancel_overdue`).
+- A queued job that no worker started within its `Queue-Timeout`: the claim cancels it instead of
+  starting it, and the sweeper cancels it if it is still queued (`db.jobs.cancel_unstarted`).
 - Inputs that do not fit the model are refused at submit (422, `invalid_input`): no job is stored.
 """
 

@@ -9,8 +9,9 @@ Each sweep
    that died (db.presence); before that, the inputs of jobs that ended over `input_ttl_s` ago;
 4. deletes response cache entries older than `cache_ttl_s`, then the oldest while all of them
    hold more than `cache_max_bytes` (db.cache), and the objects no row names (worker/garbage.py);
-5. cancels queued and running jobs past their deadline (`Cancel-After`), first of all: a claim
-   never starts one, but a queued job no worker claims, or a running one, needs the sweeper.
+5. cancels queued and running jobs past their deadline (`Cancel-After`), and queued jobs not
+   started within their `Queue-Timeout`, first of all: a claim never starts one, but a queued
+   job no worker claims, or a running one, needs the sweeper.
 
 Only jobs of versions that some live worker child holds are published again: the others stay
 queued, without a pile of wake-ups in their queue, until a child loads their version (it wakes
@@ -91,6 +92,7 @@ class SweepReport:
     purged: int = 0  # finished jobs deleted
     inputs_purged: int = 0  # ended jobs whose inputs were deleted (past TFFLEET_INPUT_TTL_S)
     deadline: int = 0  # queued or running jobs canceled past their deadline (`Cancel-After`)
+    queue_timeout: int = 0  # queued jobs canceled, not started within their `Queue-Timeout`
     cache_purged: int = 0  # response cache entries deleted: past their age, or over the bound
     objects_deleted: int = 0  # objects deleted from the store (worker/garbage.py)
 
@@ -183,7 +185,7 @@ class Sweeper:
             log.info(
                 "sweep: requeued %d, worker_lost %d, republished %d jobs in %d messages "
                 "(%d messages failed), purged %d (inputs of %d more), cache entries purged %d, "
-                "canceled past their deadline %d, objects deleted %d",
+                "canceled past their deadline %d or queue time-out %d, objects deleted %d",
                 report.requeued,
                 report.worker_lost,
                 report.republished,
@@ -193,6 +195,7 @@ class Sweeper:
                 report.inputs_purged,
                 report.cache_purged,
                 report.deadline,
+                report.queue_timeout,
                 report.objects_deleted,
             )
 
@@ -243,18 +246,19 @@ class Sweeper:
                 return
 
     def _cancel_overdue(self, report: SweepReport) -> None:
-        """Cancel queued and running jobs past their deadline (error `deadline`)."""
+        """Cancel queued and running jobs past their deadline (error `deadline`), and queued
+        jobs not started within their queue time-out (`queue_timeout`): db.jobs.cancel_late."""
         for _ in range(MAX_CHUNKS):
             with self._sessions.begin() as session:
-                canceled = jobs.cancel_overdue(
-                    session=session, now=self._clock(session), limit=CHUNK_JOBS
-                )
-            report.deadline += len(canceled)
-            SWEPT.labels(JobErrorCode.DEADLINE.value).inc(len(canceled))
-            if canceled:
-                log.info("%d jobs canceled past their deadline: %s", len(canceled), canceled)
-                self._announce(canceled)
-            if len(canceled) < CHUNK_JOBS:
+                late = jobs.cancel_late(session=session, now=self._clock(session), limit=CHUNK_JOBS)
+            report.deadline += len(late.deadline)
+            report.queue_timeout += len(late.queue_timeout)
+            for code, why, canceled in late.kinds():
+                SWEPT.labels(code.value).inc(len(canceled))
+                if canceled:
+                    log.info("%d jobs canceled %s: %s", len(canceled), why, canceled)
+                    self._announce(canceled)
+            if not late.full(CHUNK_JOBS):
                 return
 
     def _settle_split_jobs(self) -> None:

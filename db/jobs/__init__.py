@@ -9,6 +9,7 @@
                  │                   │ └───────────────────────────────┘
                  └──────cancel───────┴────────cancel─────▶ canceled
                  └──claim, cancel_overdue (deadline)──┴───────▶ canceled
+                 └──claim, cancel_unstarted (queue_timeout)───▶ canceled
 
     failed, canceled ──retry──▶ queued
     succeeded, failed, canceled ──purge_finished (past their retention), delete──▶ deleted
@@ -26,10 +27,13 @@
   `take_back_from` does the same at once for a child its worker saw die (its main process).
 - control: `cancel`, any unfinished job; a running job's late result is then fenced out. A job
   with a deadline (`Cancel-After`) that has not ended by then is canceled the same way, with
-  error `deadline`: by the claim that would start it, or by the sweeper (`cancel_overdue`).
+  error `deadline`: by the claim that would start it, or by the sweeper (`cancel_overdue`). A
+  queued job with a `Queue-Timeout` that no worker started by then likewise, with error
+  `queue_timeout` (`cancel_unstarted`).
   `retry`: a failed or canceled job runs again under its id, with a fresh attempt budget;
   `remove` (delete): an ended job goes now, inputs, outputs and all (the API).
-- sweep: `stale_queued` and `mark_published` find and record lost wake-ups; `stamp_expiry` and
+- sweep: `cancel_late` cancels jobs past their deadline or queue time-out, a chunk at a time;
+  `stale_queued` and `mark_published` find and record lost wake-ups; `stamp_expiry` and
   `purge_finished` delete ended jobs past their retention, `purge_inputs` their inputs past
   TFFLEET_INPUT_TTL_S, sooner (the sweeper).
 - reads: for the API and the workers; history: the lines a job's changes append to it.
@@ -37,9 +41,9 @@
 The modules import one another one way only: `_common` (the tables, the predicates on a job's
 state, the webhook record of ended jobs) and `history` under all of them; `reads`; `control`,
 which reads a job first; `leases`; `claims`, which hands out leases and cancels overdue jobs;
-`creation` and `sweep` beside them. Callers import the package (`from db import jobs`) and patch
-a name where it is looked up: `jobs.complete` for a worker's call, `db.jobs.claims` for the
-claim's own statements.
+`creation` and `sweep` (which cancels through `control`) beside them. Callers import the package
+(`from db import jobs`) and patch a name where it is looked up: `jobs.complete` for a worker's
+call, `db.jobs.claims` for the claim's own statements.
 
 worker/retry.py maps which of these paths make a job run again.
 """
@@ -48,7 +52,7 @@ from __future__ import annotations
 
 from db.jobs._common import JobGroups
 from db.jobs.claims import claim, claim_next, claim_next_fresh, claim_retried, still_queued
-from db.jobs.control import cancel, cancel_overdue, remove, retry
+from db.jobs.control import cancel, cancel_overdue, cancel_unstarted, remove, retry
 from db.jobs.creation import NewJob, Submitted, create, create_idempotent
 from db.jobs.history import HistoryEvent, history_of
 from db.jobs.leases import (
@@ -76,6 +80,8 @@ from db.jobs.reads import (
     some_queued,
 )
 from db.jobs.sweep import (
+    Late,
+    cancel_late,
     mark_published,
     oldest_kept_inputs,
     purge_finished,
@@ -87,12 +93,15 @@ from db.jobs.sweep import (
 __all__ = [
     "HistoryEvent",
     "JobGroups",
+    "Late",
     "Lease",
     "NewJob",
     "Submitted",
     "TakenBack",
     "cancel",
+    "cancel_late",
     "cancel_overdue",
+    "cancel_unstarted",
     "claim",
     "claim_next",
     "claim_next_fresh",

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from db import webhooks
 from db.models import Job, JobInput, JobStatus, Tenant
+from db.models.jobs import NO_DEADLINE
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
 _inputs: Table = JobInput.__table__  # type: ignore[assignment]
@@ -44,7 +45,18 @@ def _waiting(*, fresh_only: bool) -> list[ColumnElement[bool]]:
 
 
 def _deadline(now: datetime, cancel_after_s: float | None) -> datetime | None:
+    """When a job given `Cancel-After` (or `Queue-Timeout`) now runs out; None without one."""
     return None if cancel_after_s is None else now + timedelta(seconds=cancel_after_s)
+
+
+def _pick_deadline(deadline_at: datetime | None) -> datetime:
+    """A job's `pick_deadline`: where the claim puts it among its tenant's jobs of its priority."""
+    return NO_DEADLINE if deadline_at is None else deadline_at
+
+
+# Queued and never started (since its submit or a client's `retry`; `unclaim` undoes a start that
+# never ran): what a `Queue-Timeout` applies to. A job taken back from a worker started.
+_NEVER_STARTED = _jobs.c.started_at.is_(None)
 
 
 def _record_rows_ended(session: Session, rows: Sequence[Row[Any]], now: datetime) -> None:

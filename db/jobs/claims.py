@@ -1,7 +1,9 @@
 """A job's claim: queued -> running, a compare-and-set that records a lease (owner, attempt,
 expiry) and counts an attempt. `claim_next` fills a batch from the tenants that wait, in turn
-(fair share, weighted), a tenant's own jobs by priority then age; a job claimed before in this
-run runs alone (Isolation). A job past its deadline is canceled instead of started.
+(fair share, weighted), a tenant's own jobs by priority, then deadline (earliest first; a job
+without one after those with one), then age; a job claimed before in this run runs alone
+(Isolation). A job past its deadline, or never started and past its queue time-out, is
+canceled instead of started.
 
 Called by worker children (worker/batching.py). db/standing.py mirrors the order of
 `claim_next` to tell a queued job its position: tests/db/test_standing.py holds the two together.
@@ -24,13 +26,14 @@ from db import clock, webhooks
 from db.jobs._common import (
     _CLAIMED_BEFORE,
     _NEVER_CLAIMED,
+    _NEVER_STARTED,
     _QUEUED,
     _inputs,
     _jobs,
     _tenants,
     _waiting,
 )
-from db.jobs.control import cancel_overdue
+from db.jobs.control import cancel_overdue, cancel_unstarted
 from db.jobs.history import _appended, _history_line
 from db.jobs.leases import Lease
 from db.models import JobStatus
@@ -42,7 +45,12 @@ def _claim_statement(*, fresh_only: bool, history: bool = True) -> Update:
     claimed) move, so of two racing claimers exactly one wins each job (PostgreSQL re-checks
     the WHERE after a concurrent update; SQLite serializes writers). Built once: building a
     statement costs more than running it."""
-    where = [_jobs.c.id.in_(bindparam("c_ids", expanding=True)), _QUEUED, _BEFORE_DEADLINE]
+    where = [
+        _jobs.c.id.in_(bindparam("c_ids", expanding=True)),
+        _QUEUED,
+        _BEFORE_DEADLINE,
+        _BEFORE_QUEUE_TIMEOUT,
+    ]
     if fresh_only:
         where.append(_NEVER_CLAIMED)
     return (
@@ -73,8 +81,14 @@ def _claim_statement(*, fresh_only: bool, history: bool = True) -> Update:
     )
 
 
-# A claim never starts a job past its deadline: `_claim_ids` cancels it instead.
+# A claim never starts a job past its deadline, nor one past its queue time-out that never
+# started (one taken back from a worker had): `_claim_ids` cancels it instead.
 _BEFORE_DEADLINE = or_(_jobs.c.deadline_at.is_(None), _jobs.c.deadline_at > bindparam("c_now"))
+_BEFORE_QUEUE_TIMEOUT = or_(
+    _jobs.c.queue_timeout_at.is_(None),
+    _jobs.c.queue_timeout_at > bindparam("c_now"),
+    ~_NEVER_STARTED,
+)
 
 
 _SELECT_INPUTS = select(_inputs.c.job_id, _inputs.c.data).where(
@@ -92,8 +106,9 @@ def _claim_ids(
     fresh_only: bool = False,
     canceled: list[str] | None = None,
 ) -> list[Lease]:
-    """Claim the named jobs; those past their deadline are canceled instead, and their ids
-    appended to `canceled` (for the caller to announce once this transaction commits)."""
+    """Claim the named jobs; those past their deadline or their queue time-out are canceled
+    instead, and their ids appended to `canceled` (for the caller to announce once this
+    transaction commits)."""
     if not job_ids:
         return []
     now = clock.now(session)
@@ -108,11 +123,11 @@ def _claim_ids(
             "c_history": _history_line("started", now, worker),
         },
     ).all()
-    if len(rows) < len(job_ids):  # taken by another claimer, ended, or past its deadline
+    if len(rows) < len(job_ids):  # taken by another claimer, ended, or late
         claimed = {row.id for row in rows}
-        late = cancel_overdue(
-            session=session, now=now, among=[i for i in job_ids if i not in claimed], queued=True
-        )
+        rest = [i for i in job_ids if i not in claimed]
+        late = cancel_overdue(session=session, now=now, among=rest, queued=True)
+        late += cancel_unstarted(session=session, now=now, among=[i for i in rest if i not in late])
         if canceled is not None:
             canceled.extend(late)
     started = [row.id for row in rows if webhooks.wants(row.webhook_events, webhooks.Event.START)]
@@ -152,7 +167,8 @@ def claim(
     canceled: list[str] | None = None,
 ) -> list[Lease]:
     """Claim the named jobs that are still queued; the others are skipped (taken or ended).
-    Those past their deadline are canceled: their ids go to `canceled`, to be announced."""
+    Those past their deadline or queue time-out are canceled: their ids go to `canceled`, to be
+    announced."""
     leases = _claim_ids(
         session=session,
         job_ids=job_ids,
@@ -177,11 +193,12 @@ def _waiting_tenants_statement(*, fresh_only: bool) -> Select[tuple[str, int]]:
 
 @functools.cache
 def _candidates_statement(*, fresh_only: bool) -> Select[tuple[str, int]]:
-    """One tenant's queued jobs of a model version, by priority then age."""
+    """One tenant's queued jobs of a model version, by priority, then deadline (`pick_deadline`:
+    none sorts last), then age: `ix_jobs_pick`'s order, read without a sort."""
     return (
         select(_jobs.c.id, _jobs.c.samples)
         .where(_jobs.c.tenant == bindparam("n_tenant"), *_waiting(fresh_only=fresh_only))
-        .order_by(_jobs.c.priority.desc(), _jobs.c.id)
+        .order_by(_jobs.c.priority.desc(), _jobs.c.pick_deadline, _jobs.c.id)
         .limit(bindparam("n_limit"))
         .with_for_update(skip_locked=True)
     )
@@ -201,12 +218,14 @@ def claim_next(
     canceled: list[str] | None = None,
 ) -> list[Lease]:
     """Claim queued jobs of one model version, up to `max_samples` samples: the tenants that
-    wait take turns (fair share, weighted), and a tenant's own jobs go by priority, then age.
+    wait take turns (fair share, weighted), and a tenant's own jobs go by priority, then
+    deadline (earliest first, those without one last), then age.
 
     A job larger than `max_samples` is taken only alone (the worker runs it in chunks), and only
     with `take_oversized` (a caller that already holds jobs passes False: it has room for less).
-    With `fresh_only`, only jobs never claimed in this run. A chosen job past its deadline is
-    canceled instead of claimed; its id goes to `canceled` (for the caller to announce).
+    With `fresh_only`, only jobs never claimed in this run. A chosen job past its deadline or
+    queue time-out is canceled instead of claimed; its id goes to `canceled` (for the caller
+    to announce).
     """
     if max_samples <= 0:
         return []
@@ -238,7 +257,8 @@ def claim_next(
 @dataclass
 class _TenantQueue:
     weight: int
-    rows: deque[Row[tuple[str, int]]]  # (id, samples): its queued jobs, by priority then age
+    # (id, samples): its queued jobs, by priority, deadline, then age
+    rows: deque[Row[tuple[str, int]]]
     served: int = 0  # samples taken into this batch
 
     @property
@@ -306,7 +326,8 @@ def claim_retried(
     canceled: list[str] | None = None,
 ) -> Lease | None:
     """Claim one of the named queued jobs claimed before in this run (the oldest), to run alone;
-    one past its deadline is canceled instead, its id put in `canceled` (to be announced)."""
+    one past its deadline is canceled instead, its id put in `canceled` (to be announced). (A
+    job claimed before started: its queue time-out no longer applies.)"""
     if not job_ids:
         return None
     job_id = session.scalars(

@@ -1,10 +1,12 @@
 """A client's or a deadline's say over a job: `cancel` (any unfinished job; a running job's late
 result is then fenced out), `cancel_overdue` (a job not ended by its `Cancel-After` deadline,
-error `deadline`), `retry` (a failed or canceled job runs again under its id, with a fresh
+error `deadline`), `cancel_unstarted` (a queued job not started within its `Queue-Timeout`,
+error `queue_timeout`), `retry` (a failed or canceled job runs again under its id, with a fresh
 attempt budget) and `remove` (an ended job goes now, inputs, outputs and all).
 
-Called by the API (its job routes), the sweeper (`cancel_overdue`) and worker children (the
-claim cancels a job past its deadline instead of starting it).
+Called by the API (its job routes), the sweeper (`cancel_overdue`, `cancel_unstarted`, through
+db/jobs/sweep.py) and worker children (the claim cancels a job past its deadline or its queue
+time-out instead of starting it).
 """
 
 from __future__ import annotations
@@ -12,12 +14,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import case, delete, literal, select, update
+from sqlalchemy import case, delete, func, literal, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.types import Text
 
 from db import cache, clock, objects, transforms, webhooks
-from db.jobs._common import _QUEUED, _UNFINISHED, _deadline, _inputs, _jobs, _record_rows_ended
+from db.jobs._common import (
+    _NEVER_STARTED,
+    _QUEUED,
+    _UNFINISHED,
+    _deadline,
+    _inputs,
+    _jobs,
+    _pick_deadline,
+    _record_rows_ended,
+)
 from db.jobs.history import _appended, _history_line
 from db.jobs.reads import get
 from db.models import FINISHED, Job, JobErrorCode, JobStatus
@@ -117,6 +128,50 @@ def cancel_overdue(
     return sorted(row.id for row in canceled)
 
 
+def cancel_unstarted(
+    *,
+    session: Session,
+    now: datetime | None = None,
+    among: Sequence[str] | None = None,
+    limit: int = 1000,
+) -> list[str]:
+    """Cancel queued jobs that no worker started by their `Queue-Timeout`, error
+    `queue_timeout`; returns their ids. At most `limit`, only those `among` the given ids (if
+    given: the claim's call). A job taken back from a worker started, and is left alone. They
+    never ran: no lease to clear, no parts, no device time (`device_s` 0 where it had none)."""
+    now = now or clock.now(session)
+    late = [_QUEUED, _NEVER_STARTED, _jobs.c.queue_timeout_at <= now]
+    if among is not None:
+        late.append(_jobs.c.id.in_(list(among)))
+    # Locked in id order, skipping rows a worker is claiming now, as `cancel_overdue` does.
+    ids = list(
+        session.scalars(
+            select(_jobs.c.id)
+            .where(*late)
+            .order_by(_jobs.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+    )
+    if not ids:
+        return []
+    canceled = session.execute(
+        update(_jobs)
+        .where(_jobs.c.id.in_(ids), *late)
+        .values(
+            status=JobStatus.CANCELED.value,
+            error_code=JobErrorCode.QUEUE_TIMEOUT.value,
+            error_message="canceled before it ran: no worker started it within its Queue-Timeout",
+            finished_at=now,
+            device_s=func.coalesce(_jobs.c.device_s, 0.0),
+        )
+        .returning(_jobs.c.id, _jobs.c.webhook_events)
+    ).all()
+    if canceled:
+        _record_rows_ended(session, canceled, now)
+    return sorted(row.id for row in canceled)
+
+
 # ─── Retry and delete ─────────────────────────────────────────────────────────────────────────────
 
 
@@ -127,9 +182,11 @@ def retry(
     tenant: str | None = None,
     cancel_after_s: float | None = None,
     input_ttl_s: float | None = None,
+    queue_timeout_s: float | None = None,
 ) -> Job:
     """Queue a failed or canceled job (of `tenant`, unless None) again under its id: its error,
-    outputs, lease and split parts cleared, a fresh attempt budget, a new deadline (or none).
+    outputs, lease and split parts cleared, a fresh attempt budget, a new deadline and queue
+    time-out (or none).
     Its inputs must still be stored: the sweeper deletes them `input_ttl_s` (TFFLEET_INPUT_TTL_S,
     named in the error) after it ends.
 
@@ -167,6 +224,8 @@ def retry(
             parts=None,
             samples_done=None,
             deadline_at=_deadline(now, cancel_after_s),
+            pick_deadline=_pick_deadline(_deadline(now, cancel_after_s)),
+            queue_timeout_at=_deadline(now, queue_timeout_s),
             # How the last run ended goes into the history: the columns that said so are cleared.
             history=_appended(
                 literal(

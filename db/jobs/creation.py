@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from db import cache, clock, objects, webhooks
 from db.ids import new_job_id
-from db.jobs._common import _deadline, _inputs, _jobs
+from db.jobs._common import _deadline, _inputs, _jobs, _pick_deadline
 from db.models import DEFAULT_TENANT, Job, JobStatus
 from tffleet.errors import IdempotencyKeyReused, ServiceUnavailable, TffleetError
 
@@ -40,6 +40,8 @@ class NewJob:
     cache_key: str | None = None
     # `Cancel-After`: not ended this many seconds after it is stored, it is canceled.
     cancel_after_s: float | None = None
+    # `Queue-Timeout`: not started this many seconds after it is stored, it is canceled.
+    queue_timeout_s: float | None = None
     # Its webhook and the events it asked for (bits of `db.webhooks.Event`); see db/webhooks.py.
     webhook: str | None = None
     webhook_events: int | None = None
@@ -226,6 +228,7 @@ def _uniform(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _row(job: NewJob, now: datetime) -> dict[str, Any]:
     """The `jobs` row of a new job (its inputs go to `job_inputs`)."""
+    deadline_at = _deadline(now, job.cancel_after_s)
     return {
         "id": job.id or new_job_id(),
         "tenant": job.tenant,
@@ -240,7 +243,9 @@ def _row(job: NewJob, now: datetime) -> dict[str, Any]:
         "ttl_s": job.ttl_s,
         "created_at": now,
         "cache_key": job.cache_key,
-        "deadline_at": _deadline(now, job.cancel_after_s),
+        "deadline_at": deadline_at,
+        "pick_deadline": _pick_deadline(deadline_at),
+        "queue_timeout_at": _deadline(now, job.queue_timeout_s),
         "webhook": job.webhook,
         "webhook_events": job.webhook_events,
         "stored_bytes": job.stored_bytes,

@@ -1,7 +1,8 @@
-"""The sweeper's side of a job's life beyond its lease: wake-ups that were lost (`stale_queued`,
-`mark_published`), ended jobs past their retention (`stamp_expiry`, `purge_finished`) and the
-inputs of ended jobs past theirs, which is shorter (`oldest_kept_inputs`, `purge_inputs`).
-Leases whose worker vanished are taken back in db/jobs/leases.py.
+"""The sweeper's side of a job's life beyond its lease: jobs past their deadline or queue
+time-out (`cancel_late`), wake-ups that were lost (`stale_queued`, `mark_published`), ended jobs
+past their retention (`stamp_expiry`, `purge_finished`) and the inputs of ended jobs past
+theirs, which is shorter (`oldest_kept_inputs`, `purge_inputs`). Leases whose worker vanished
+are taken back in db/jobs/leases.py.
 
 Called by the sweeper (worker/sweeper.py), one active at a time.
 """
@@ -17,7 +18,39 @@ from sqlalchemy.orm import Session
 
 from db import clock, objects
 from db.jobs._common import JobGroups, _inputs, _jobs
-from db.models import FINISHED, JobStatus, ModelPresence, PresenceState
+from db.jobs.control import cancel_overdue, cancel_unstarted
+from db.models import FINISHED, JobErrorCode, JobStatus, ModelPresence, PresenceState
+
+
+class Late(NamedTuple):
+    """What one chunk of `cancel_late` canceled, by why: their ids."""
+
+    deadline: list[str]  # queued or running, past their deadline (`Cancel-After`)
+    queue_timeout: list[str]  # queued, not started within their `Queue-Timeout`
+
+    def kinds(self) -> list[tuple[JobErrorCode, str, list[str]]]:
+        """(error code, why as a log says it, ids) of each kind."""
+        return [
+            (JobErrorCode.DEADLINE, "past their deadline", self.deadline),
+            (
+                JobErrorCode.QUEUE_TIMEOUT,
+                "not started within their queue time-out",
+                self.queue_timeout,
+            ),
+        ]
+
+    def full(self, limit: int) -> bool:
+        """Whether either kind reached the chunk's limit: there may be more."""
+        return max(len(self.deadline), len(self.queue_timeout)) >= limit
+
+
+def cancel_late(*, session: Session, now: datetime, limit: int) -> Late:
+    """Cancel, in one chunk of at most `limit` jobs of each kind, unfinished jobs past their
+    deadline (error `deadline`), then queued jobs that no worker started by their queue
+    time-out (error `queue_timeout`): those that the claim, which never starts either, did not
+    meet first (no worker claims their version, or none had room)."""
+    deadline = cancel_overdue(session=session, now=now, limit=limit)
+    return Late(deadline, cancel_unstarted(session=session, now=now, limit=limit))
 
 
 def stale_queued(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import (
     BigInteger,
@@ -17,6 +17,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     select,
+    text,
 )
 from sqlalchemy.orm import Mapped, column_property, deferred, mapped_column
 
@@ -29,7 +30,9 @@ class JobStatus(enum.StrEnum):
     RUNNING = "running"  # claimed by a worker under a lease
     SUCCEEDED = "succeeded"  # outputs written under the lease
     FAILED = "failed"  # ended with an error code; never retried again
-    CANCELED = "canceled"  # canceled by a client, or past its deadline; a late result is discarded
+    # Canceled by a client, past its deadline, or not started within its queue time-out; a late
+    # result is discarded.
+    CANCELED = "canceled"
 
     @property
     def finished(self) -> bool:
@@ -37,6 +40,11 @@ class JobStatus(enum.StrEnum):
 
 
 FINISHED = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED})
+
+# A job's `pick_deadline` without a deadline: after every real one. Written as SQLAlchemy writes
+# a time to SQLite (the server default's text must sort and compare as the bound value does).
+NO_DEADLINE = datetime(9999, 12, 31, tzinfo=UTC)
+_NO_DEADLINE_SQL = "'9999-12-31 00:00:00.000000'"
 
 
 class JobErrorCode(enum.StrEnum):
@@ -50,6 +58,8 @@ class JobErrorCode(enum.StrEnum):
     # Not a failure: the error of a job `canceled` because it had not ended by its deadline
     # (`Cancel-After` at submit).
     DEADLINE = "deadline"
+    # Nor this: a job `canceled` because no worker started it within its `Queue-Timeout`.
+    QUEUE_TIMEOUT = "queue_timeout"
 
 
 class Job(Base):
@@ -126,9 +136,17 @@ class Job(Base):
     # What it cost (issue 30, DESIGN.md section 15): its share, by samples, of each forward
     # pass it took part in, in seconds; null until it ran. A split job's parent sums its parts'.
     device_s: Mapped[float | None] = mapped_column(Float)
-    # `Queue-Timeout` at submit: not started by then, it ends `canceled` (`queue_timeout`)
-    # without running; the claim skips it and the sweeper ends it.
+    # `Queue-Timeout` at submit (or retry): not started by then, it ends `canceled`
+    # (`queue_timeout`) without running; the claim skips it and the sweeper ends it. A job that
+    # started once (`started_at`) and went back to the queue is past it.
     queue_timeout_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Where the claim puts it among its tenant's queued jobs of its priority: its `deadline_at`
+    # (earliest first), or NO_DEADLINE (after them, by age). Its own column, not `deadline_at`:
+    # SQLite sorts nulls first, PostgreSQL last, and `ix_jobs_pick` must hold the claim's order
+    # on both (tests/db/test_claim_plan.py).
+    pick_deadline: Mapped[datetime] = mapped_column(
+        UTCDateTime(), default=NO_DEADLINE, server_default=text(_NO_DEADLINE_SQL)
+    )
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
@@ -150,8 +168,9 @@ class Job(Base):
 
 
 # The worker's claim: which tenants have queued jobs of a model version, then each one's by
-# priority (highest first) then age, read in index order (db.jobs.claim_next): an ascending
-# priority made PostgreSQL sort a tenant's whole queue on every claim.
+# priority (highest first), deadline (earliest first, none last) and age, read in index order
+# (db.jobs.claim_next): an ascending priority made PostgreSQL sort a tenant's whole queue on
+# every claim.
 Index(
     "ix_jobs_pick",
     Job.model,
@@ -159,6 +178,7 @@ Index(
     Job.status,
     Job.tenant,
     Job.priority.desc(),
+    Job.pick_deadline,
     Job.id,
 )
 

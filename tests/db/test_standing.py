@@ -170,3 +170,26 @@ def test_no_eta_without_recent_throughput(make_jobs: MakeJobs, sessions: Session
 
     assert [placed[job_id].eta_s for job_id in ids] == [None, None]
     assert [placed[job_id].queue_position for job_id in ids] == [0, 1]
+
+
+def test_deadlines_order_a_tenants_positions_exactly_as_they_order_the_claim(
+    make_jobs: MakeJobs, sessions: Sessions
+) -> None:
+    ids = make_jobs(4) + make_jobs(2, priority=2)
+    for cancel_after_s, priority in ((600, 0), (60, 0), (300, 2), (60, -1), (30, 0), (600, 0)):
+        new = jobs.NewJob(
+            model="m",
+            version=1,
+            samples=1,
+            inputs=b"in",
+            priority=priority,
+            cancel_after_s=cancel_after_s,
+        )
+        with sessions.begin() as session:
+            ids += [row.id for row in jobs.create(session=session, jobs=[new])]
+
+    before = positions(sessions, ids)
+    assert positions(sessions, ids, bulk=True) == before  # 12 jobs: the queue read once
+    order = claim_order(sessions, batch=1)
+
+    assert before == {job_id: order.index(job_id) for job_id in ids}

@@ -303,6 +303,38 @@ def test_queued_and_running_jobs_past_their_deadline_are_canceled_and_long_polls
     )
 
 
+def test_queued_jobs_not_started_within_their_queue_timeout_are_canceled_and_announced(
+    make_sweeper: MakeSweeper, sessions: Sessions, client: redis.Redis
+) -> None:
+    clock = Clock()
+    sweeper = make_sweeper(clock)
+    new = jobs.NewJob(model="m", version=1, samples=1, inputs=b"in", queue_timeout_s=30)
+    with sessions.begin() as session:
+        queued, running, later = (row.id for row in jobs.create(session=session, jobs=[new] * 3))
+        session.execute(update(Job).where(Job.id == later).values(queue_timeout_at=None))
+        jobs.claim(session=session, job_ids=[running], owner="w", lease_s=600)
+    assert sweeper.sweep_once().queue_timeout == 0
+    clock.advance(31)
+    pubsub = client.pubsub()
+    pubsub.subscribe(JOBS_DONE_CHANNEL)
+    subscribed = pubsub.get_message(timeout=5)
+    assert subscribed is not None and subscribed["type"] == "subscribe"
+
+    report = sweeper.sweep_once()
+
+    assert report.queue_timeout == 1 and report.deadline == report.requeued == 0
+    job = read(sessions, queued)
+    assert (job.status, job.error_code, job.attempts) == (JobStatus.CANCELED, "queue_timeout", 0)
+    assert job.started_at is None and job.device_s == 0
+    # Started before its queue time-out ran out: it runs on; never given one: it waits on.
+    assert read(sessions, running).status == JobStatus.RUNNING
+    assert read(sessions, later).status == JobStatus.QUEUED
+    announced = pubsub.get_message(timeout=5)
+    pubsub.close()
+    assert announced is not None and orjson.loads(announced["data"]) == [queued]
+    assert sweeper.sweep_once().queue_timeout == 0
+
+
 def test_old_finished_jobs_are_purged_and_the_rest_kept(
     make_sweeper: MakeSweeper, sessions: Sessions
 ) -> None:
