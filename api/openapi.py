@@ -105,6 +105,14 @@ _CANCEL_AFTER_PARAMETER = {
     "description": "Cancel each job not ended this long after it is stored (error `deadline`): "
     "seconds, or a Go-style duration.",
 }
+_QUEUE_TIMEOUT_PARAMETER = {
+    "name": "Queue-Timeout",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "maxLength": 40, "examples": ["30", "1.5", "90s", "5m"]},
+    "description": "Cancel each job no worker started this long after it is stored, without "
+    "running it (error `queue_timeout`): seconds, or a Go-style duration.",
+}
 _IDEMPOTENCY_KEY_PARAMETER = {
     "name": "Idempotency-Key",
     "in": "header",
@@ -118,7 +126,12 @@ NPZ_ANSWER = {"content": {tensors.NPZ: _BINARY_SCHEMA}}
 
 # `openapi_extra` of each job route that needs one.
 SUBMIT = {
-    "parameters": [_IDEMPOTENCY_KEY_PARAMETER, _CANCEL_AFTER_PARAMETER, *_BINARY_PARAMETERS],
+    "parameters": [
+        _IDEMPOTENCY_KEY_PARAMETER,
+        _CANCEL_AFTER_PARAMETER,
+        _QUEUE_TIMEOUT_PARAMETER,
+        *_BINARY_PARAMETERS,
+    ],
     "requestBody": {
         "required": True,
         "content": {
@@ -143,7 +156,7 @@ STATUS = {
         },
     }
 }
-RETRY = {"parameters": [_CANCEL_AFTER_PARAMETER]}
+RETRY = {"parameters": [_CANCEL_AFTER_PARAMETER, _QUEUE_TIMEOUT_PARAMETER]}
 # POST /v1/transforms: the same key and request again, the same transform.
 TRANSFORM_SUBMIT = {
     "parameters": [_IDEMPOTENCY_KEY_PARAMETER],

@@ -74,7 +74,8 @@ def idempotency_key(header: str | None) -> str | None:
 
 def request_hash(new: Sequence[jobs.NewJob]) -> str:
     """sha256 of what a request asks for once resolved: model, version, priority, retention,
-    deadline (`Cancel-After`, where given), webhook and its events (where given), inputs."""
+    deadline (`Cancel-After`, where given), webhook and its events (where given), queue time-out
+    (`Queue-Timeout`, where given), inputs."""
     digest = hashlib.sha256()
     for job in new:
         # Inputs with objects of the job's own are hashed by their bytes (`content`), not
@@ -86,6 +87,8 @@ def request_hash(new: Sequence[jobs.NewJob]) -> str:
             head.append(job.cancel_after_s)
         if job.webhook is not None:  # likewise
             head += ["webhook", job.webhook, job.webhook_events]
+        if job.queue_timeout_s is not None:  # likewise
+            head += ["queue_timeout", job.queue_timeout_s]
         digest.update(orjson.dumps(head))
         digest.update(inputs)
     return digest.hexdigest()
@@ -111,6 +114,7 @@ def prepare(
     key: str | None = None,
     *,
     cancel_after_s: float | None = None,
+    queue_timeout_s: float | None = None,
     uris: references.Uris | None = None,
     staged: references.Staged | None = None,
     job_ids: Sequence[str] | None = None,
@@ -173,6 +177,7 @@ def prepare(
                 tenant=caller.tenant,
                 cache_key=_cache_key(signature, caller.tenant, packed.content or packed.blob),
                 cancel_after_s=cancel_after_s,
+                queue_timeout_s=queue_timeout_s,
                 webhook=spec.webhook,
                 webhook_events=(
                     None
@@ -194,6 +199,7 @@ def prepare_binary(
     key: str | None = None,
     *,
     cancel_after_s: float | None = None,
+    queue_timeout_s: float | None = None,
     staged: references.Staged | None = None,
 ) -> list[jobs.NewJob]:
     """`prepare` for a binary body: its arrays (views of `body`) are checked as a JSON body's
@@ -203,12 +209,21 @@ def prepare_binary(
         specs = [spec.model_copy(update={"inputs": {}})]
         return prepare(
             state, specs, False, caller, limits, key, cancel_after_s=cancel_after_s,
-            uris=[body.uris], staged=staged, job_ids=[body.job_id],
+            queue_timeout_s=queue_timeout_s, uris=[body.uris], staged=staged,
+            job_ids=[body.job_id],
         )  # fmt: skip
     inputs = read_binary(body, media)
     specs = [spec.model_copy(update={"inputs": inputs})]
     return prepare(
-        state, specs, False, caller, limits, key, cancel_after_s=cancel_after_s, staged=staged
+        state,
+        specs,
+        False,
+        caller,
+        limits,
+        key,
+        cancel_after_s=cancel_after_s,
+        queue_timeout_s=queue_timeout_s,
+        staged=staged,
     )
 
 

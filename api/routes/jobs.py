@@ -14,7 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from api import negotiation, openapi, references
 from api.body import INLINE_BYTES, read_json
-from api.deadlines import cancel_after_s
+from api.deadlines import cancel_after_s, queue_timeout_s
 from api.ids import JobId
 from api.ingest import BLOB
 from api.key_limits import check_model
@@ -89,13 +89,16 @@ async def submit(
     as an .npz of its outputs, the job itself in the `Tffleet-Job` header, as `GET` does.
 
     With a `Cancel-After` header (`30`, `1.5`, `90s`, `1h30m`), each job not ended that long
-    after it is stored is canceled, queued or running, with error `deadline`.
+    after it is stored is canceled, queued or running, with error `deadline`; with a
+    `Queue-Timeout` header, each job no worker started that long after it is stored is canceled
+    without running, with error `queue_timeout`.
     """
     started = time.perf_counter()
     state = get_state(request)  # not a dependency: solving one costs more than the call
     caller = await state.auth(request)  # before the body: a stranger costs no parsing
     key = idempotency_key(request.headers.get("idempotency-key"))
     deadline = cancel_after_s(request.headers.get("cancel-after"))
+    queue_timeout = queue_timeout_s(request.headers.get("queue-timeout"))
     media = negotiation.media_type(request.headers.get("content-type", ""))
     check: functools.partial[list[jobs.NewJob]]
     # Inputs over TFFLEET_INLINE_MAX_BYTES, to be written to the object store (api/references.py).
@@ -105,7 +108,14 @@ async def submit(
         # A large .npy may be streamed into the store (written once its header is checked).
         body = await references.binary_body(state, request, caller, specs[0], media, staged)
         check = functools.partial(
-            prepare_binary, state, specs[0], body, media, cancel_after_s=deadline, staged=staged
+            prepare_binary,
+            state,
+            specs[0],
+            body,
+            media,
+            cancel_after_s=deadline,
+            queue_timeout_s=queue_timeout,
+            staged=staged,
         )
     elif negotiation.is_json(media):
         negotiation.no_binary_parameters(request)
@@ -118,7 +128,14 @@ async def submit(
         specs = parse(JobBatchCreate, body).jobs if many else [parse(JobCreate, body)]
         uris = await references.resolve(state, caller, specs, many)
         check = functools.partial(
-            prepare, state, specs, many, cancel_after_s=deadline, uris=uris, staged=staged
+            prepare,
+            state,
+            specs,
+            many,
+            cancel_after_s=deadline,
+            queue_timeout_s=queue_timeout,
+            uris=uris,
+            staged=staged,
         )
     else:
         raise UnsupportedMediaType(f"Content-Type must be one of {', '.join(negotiation.ACCEPTED)}")
@@ -270,9 +287,10 @@ async def retry(job_id: JobId, request: Request, state: StateDep) -> Response:
     """Run a failed or canceled job again under its id: `queued`, its error and outputs cleared,
     a fresh attempt budget (`attempts` keeps counting). 409 for a queued, running or succeeded
     job; 410 once its inputs are no longer stored (TFFLEET_INPUT_TTL_S after it ended).
-    `Cancel-After` gives it a new deadline."""
+    `Cancel-After` gives it a new deadline, `Queue-Timeout` a new queue time-out."""
     caller = await state.auth(request)
     deadline = cancel_after_s(request.headers.get("cancel-after"))
+    queue_timeout = queue_timeout_s(request.headers.get("queue-timeout"))
     limits = await state.admission.limits(caller.tenant)
     await state.admission.admit(1, tenant=caller.tenant, limits=limits, caller=caller)
 
@@ -283,6 +301,7 @@ async def retry(job_id: JobId, request: Request, state: StateDep) -> Response:
                 job_id=job_id,
                 tenant=caller.scope,
                 cancel_after_s=deadline,
+                queue_timeout_s=queue_timeout,
                 input_ttl_s=state.settings.input_ttl_s,
             )
             check_model(caller, job.model)  # raised here, the retry is rolled back

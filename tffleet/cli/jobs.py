@@ -51,6 +51,11 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="cancel a job not ended by then: seconds (30, 1.5) or 90s, 5m, 1h30m, 250ms",
     )
     submit.add_argument(
+        "--queue-timeout",
+        metavar="DURATION",
+        help="cancel a job no worker started by then, without running it (as --cancel-after)",
+    )
+    submit.add_argument(
         "--webhook",
         metavar="URL",
         help="an http(s) URL that gets each job, signed, at the events of --webhook-events",
@@ -92,6 +97,11 @@ def add_job_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     retry.add_argument("job_id", metavar="JOB_ID", help="the job to run again")
     retry.add_argument(
         "--cancel-after", metavar="DURATION", help="a new deadline, as for `tffleet submit`"
+    )
+    retry.add_argument(
+        "--queue-timeout",
+        metavar="DURATION",
+        help="a new queue time-out, as for `tffleet submit`",
     )
     retry.add_argument("--url", default=url, help=f"the API (default $TFFLEET_URL or {url})")
     retry.set_defaults(func=cmd_retry)
@@ -172,6 +182,7 @@ def _submit(args: argparse.Namespace) -> int:
                 version=args.version,
                 priority=args.priority,
                 cancel_after=args.cancel_after,
+                queue_timeout=args.queue_timeout,
                 webhook=args.webhook,
                 webhook_events=webhook_events,
             )
@@ -187,6 +198,7 @@ def _submit(args: argparse.Namespace) -> int:
                 priority=args.priority,
                 progress=None,
                 cancel_after=args.cancel_after,
+                queue_timeout=args.queue_timeout,
                 webhook=args.webhook,
                 webhook_events=webhook_events,
             )
@@ -229,7 +241,9 @@ def _retry(args: argparse.Namespace) -> int:
     from tffleet.client.sync import Client
 
     with Client(args.url) as client:
-        job = client.retry(args.job_id, cancel_after=args.cancel_after)
+        job = client.retry(
+            args.job_id, cancel_after=args.cancel_after, queue_timeout=args.queue_timeout
+        )
     _print_jobs([job])
     return 0
 

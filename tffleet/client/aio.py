@@ -69,6 +69,7 @@ class AsyncClient:
         priority: int = 0,
         idempotency_key: str | None = None,
         cancel_after: float | str | timedelta | None = None,
+        queue_timeout: float | str | timedelta | None = None,
         webhook: str | None = None,
         webhook_events: Sequence[str] | None = None,
     ) -> Job:
@@ -81,6 +82,7 @@ class AsyncClient:
                 idempotency_key=idempotency_key,
                 retries=self._retries,
                 cancel_after=cancel_after,
+                queue_timeout=queue_timeout,
                 webhook=webhook,
                 webhook_events=webhook_events,
                 inline_max_bytes=self._inline_max_bytes,
@@ -99,6 +101,7 @@ class AsyncClient:
         idempotency_key: str | None = None,
         progress: bool | None = False,
         cancel_after: float | str | timedelta | None = None,
+        queue_timeout: float | str | timedelta | None = None,
         webhook: str | None = None,
         webhook_events: Sequence[str] | None = None,
     ) -> list[Job]:
@@ -114,6 +117,7 @@ class AsyncClient:
                 progress=progress,
                 retries=self._retries,
                 cancel_after=cancel_after,
+                queue_timeout=queue_timeout,
                 webhook=webhook,
                 webhook_events=webhook_events,
                 inline_max_bytes=self._inline_max_bytes,
@@ -155,10 +159,19 @@ class AsyncClient:
         return await self._drive(plans.cancel(job_id, retries=self._retries))
 
     async def retry(
-        self, job_id: str, *, cancel_after: float | str | timedelta | None = None
+        self,
+        job_id: str,
+        *,
+        cancel_after: float | str | timedelta | None = None,
+        queue_timeout: float | str | timedelta | None = None,
     ) -> Job:
         return await self._drive(
-            plans.retry(job_id, cancel_after=cancel_after, retries=self._retries)
+            plans.retry(
+                job_id,
+                cancel_after=cancel_after,
+                queue_timeout=queue_timeout,
+                retries=self._retries,
+            )
         )
 
     async def delete(self, job_id: str) -> None:

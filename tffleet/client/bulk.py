@@ -50,6 +50,7 @@ def submit_many(
     webhook: str | None = None,
     webhook_events: Sequence[str] | None = None,
     inline_max_bytes: int | None = DEFAULT_INLINE_MAX_BYTES,
+    queue_timeout: CancelAfter = None,
 ) -> Plan[list[Job]]:
     """One bulk request per `chunk_size` jobs or `chunk_bytes` of body, in order.
 
@@ -57,14 +58,15 @@ def submit_many(
     submitted: the error's `.submitted` lists them, and its message counts jobs from the first.
     With an `idempotency_key`, request n carries "KEY.n": the same call again (same inputs and
     chunking) gets the jobs stored before instead of new ones (not for inputs uploaded: each
-    call uploads them anew, under new URIs). `webhook` and `webhook_events` go with every job.
+    call uploads them anew, under new URIs). `cancel_after`, `queue_timeout`, `webhook` and
+    `webhook_events` go with every job.
     An array over `inline_max_bytes` is uploaded first and its job names it by URI.
     """
     if not 1 <= chunk_size <= MAX_JOBS_PER_REQUEST:
         raise ValueError(f"chunk_size must be 1 to {MAX_JOBS_PER_REQUEST}, got {chunk_size}")
     fields = webhook_fields(webhook, webhook_events)
     total = len(inputs_list) if isinstance(inputs_list, Sized) else None
-    extend = with_headers(cancel_after_headers(cancel_after))
+    extend = with_headers(cancel_after_headers(cancel_after, queue_timeout))
     submitted: list[Job] = []
     chunk: list[bytes] = []
     size = 0

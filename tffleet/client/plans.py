@@ -51,19 +51,28 @@ def job_body(model: str, inputs: Any, *, version: int | None, priority: int) -> 
 CancelAfter = float | str | timedelta | None
 
 
-def cancel_after_headers(cancel_after: CancelAfter) -> dict[str, str]:
-    """The `Cancel-After` header: seconds (a number or a timedelta), or a duration as the API
-    reads it ("90s", "1h30m"), passed on as it is."""
-    if cancel_after is None:
+def cancel_after_headers(
+    cancel_after: CancelAfter, queue_timeout: CancelAfter = None
+) -> dict[str, str]:
+    """The `Cancel-After` and `Queue-Timeout` headers, where given: seconds (a number or a
+    timedelta), or a duration as the API reads it ("90s", "1h30m"), passed on as it is."""
+    return {
+        **_duration_header("Cancel-After", "cancel_after", cancel_after),
+        **_duration_header("Queue-Timeout", "queue_timeout", queue_timeout),
+    }
+
+
+def _duration_header(header: str, name: str, value: CancelAfter) -> dict[str, str]:
+    if value is None:
         return {}
-    if isinstance(cancel_after, timedelta):
-        cancel_after = cancel_after.total_seconds()
-    if isinstance(cancel_after, str):
-        return {"Cancel-After": cancel_after}
-    if not cancel_after > 0:
-        raise ValueError(f"cancel_after must be more than 0 seconds, got {cancel_after!r}")
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, str):
+        return {header: value}
+    if not value > 0:
+        raise ValueError(f"{name} must be more than 0 seconds, got {value!r}")
     # Fixed-point: the API reads no exponent ("1e-05").
-    return {"Cancel-After": f"{cancel_after:.6f}".rstrip("0").rstrip(".")}
+    return {header: f"{value:.6f}".rstrip("0").rstrip(".")}
 
 
 def with_headers(headers: dict[str, str]) -> Callable[[Call], Call]:
@@ -147,6 +156,7 @@ def submit(
     webhook: str | None = None,
     webhook_events: Sequence[str] | None = None,
     inline_max_bytes: int | None = DEFAULT_INLINE_MAX_BYTES,
+    queue_timeout: CancelAfter = None,
 ) -> Plan[Job]:
     answer = yield from _submit_one(
         model,
@@ -155,7 +165,7 @@ def submit(
         priority=priority,
         idempotency_key=idempotency_key or new_idempotency_key(),
         retries=retries,
-        extend=with_headers(cancel_after_headers(cancel_after)),
+        extend=with_headers(cancel_after_headers(cancel_after, queue_timeout)),
         fields=webhook_fields(webhook, webhook_events),
         inline_max_bytes=inline_max_bytes,
     )
@@ -270,9 +280,11 @@ def cancel(job_id: str, *, retries: Retries) -> Plan[Job]:
     return (yield from read_job((yield from send(call, retries)), retries=retries))
 
 
-def retry(job_id: str, *, cancel_after: CancelAfter, retries: Retries) -> Plan[Job]:
+def retry(
+    job_id: str, *, cancel_after: CancelAfter, retries: Retries, queue_timeout: CancelAfter = None
+) -> Plan[Job]:
     # Sent again after a lost answer, a retry that went through answers 409 (now queued).
-    headers = cancel_after_headers(cancel_after) or None
+    headers = cancel_after_headers(cancel_after, queue_timeout) or None
     call = Call("POST", f"/v1/jobs/{quote(job_id, safe='')}/retry", headers=headers)
     return (yield from read_job((yield from send(call, retries)), retries=retries))
 

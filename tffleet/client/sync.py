@@ -94,6 +94,7 @@ class Client:
         priority: int = 0,
         idempotency_key: str | None = None,
         cancel_after: float | str | timedelta | None = None,
+        queue_timeout: float | str | timedelta | None = None,
         webhook: str | None = None,
         webhook_events: Sequence[str] | None = None,
     ) -> Job:
@@ -104,9 +105,11 @@ class Client:
         this call uploads is a new upload each call, another request to the API: upload it
         once and pass `{"uri": ...}` to repeat a keyed submit).
         `cancel_after` (seconds, a timedelta, or "90s", "1h30m"): a job not ended by then is
-        canceled, error `deadline`. `webhook`: an http(s) URL that gets the job, signed, on
-        `webhook_events` (`start`, `completed`; default `["completed"]`); check each delivery
-        with `tffleet.webhooks.verify(client.webhook_secret(), headers, body)`.
+        canceled, error `deadline`; `queue_timeout` (the same): a job no worker started by then
+        is canceled without running, error `queue_timeout`. `webhook`: an http(s) URL that gets
+        the job, signed, on `webhook_events` (`start`, `completed`; default `["completed"]`);
+        check each delivery with `tffleet.webhooks.verify(client.webhook_secret(), headers,
+        body)`.
         """
         return self._drive(
             plans.submit(
@@ -117,6 +120,7 @@ class Client:
                 idempotency_key=idempotency_key,
                 retries=self._retries,
                 cancel_after=cancel_after,
+                queue_timeout=queue_timeout,
                 webhook=webhook,
                 webhook_events=webhook_events,
                 inline_max_bytes=self._inline_max_bytes,
@@ -135,13 +139,15 @@ class Client:
         idempotency_key: str | None = None,
         progress: bool | None = False,
         cancel_after: float | str | timedelta | None = None,
+        queue_timeout: float | str | timedelta | None = None,
         webhook: str | None = None,
         webhook_events: Sequence[str] | None = None,
     ) -> list[Job]:
         """One job per item of `inputs_list` (each with its batch dimension: `x[i : i + 1]`,
         not `x[i]`), sent in bulk requests of `chunk_size` jobs or `chunk_bytes`; returns the
         jobs in order. A refused request raises with `.submitted`, the jobs stored before it.
-        `cancel_after`, `webhook` and `webhook_events` apply to every job, as in `submit`."""
+        `cancel_after`, `queue_timeout`, `webhook` and `webhook_events` apply to every job, as
+        in `submit`."""
         return self._drive(
             bulk.submit_many(
                 model,
@@ -154,6 +160,7 @@ class Client:
                 progress=progress,
                 retries=self._retries,
                 cancel_after=cancel_after,
+                queue_timeout=queue_timeout,
                 webhook=webhook,
                 webhook_events=webhook_events,
                 inline_max_bytes=self._inline_max_bytes,
@@ -201,10 +208,24 @@ class Client:
         """Cancel a queued or running job; `Conflict` if it had already finished."""
         return self._drive(plans.cancel(job_id, retries=self._retries))
 
-    def retry(self, job_id: str, *, cancel_after: float | str | timedelta | None = None) -> Job:
+    def retry(
+        self,
+        job_id: str,
+        *,
+        cancel_after: float | str | timedelta | None = None,
+        queue_timeout: float | str | timedelta | None = None,
+    ) -> Job:
         """Run a failed or canceled job again under its id; returns it `queued`. `Conflict` if
-        it is queued, running or succeeded. `cancel_after`: a new deadline, as in `submit`."""
-        return self._drive(plans.retry(job_id, cancel_after=cancel_after, retries=self._retries))
+        it is queued, running or succeeded. `cancel_after`, `queue_timeout`: a new deadline and
+        queue time-out, as in `submit`."""
+        return self._drive(
+            plans.retry(
+                job_id,
+                cancel_after=cancel_after,
+                queue_timeout=queue_timeout,
+                retries=self._retries,
+            )
+        )
 
     def delete(self, job_id: str) -> None:
         """Delete an ended job, its inputs and outputs; `Conflict` while it is queued or running
