@@ -9,8 +9,10 @@ of a period add up to the devices' busy seconds (`tffleet_device_busy_seconds_to
 job's parts count their samples and device seconds as they run (`jobs` 0: they are not the
 client's jobs); the job counts once, with its queue and run time, when it ends (db/parts.py).
 
-Rows are by hour (`bucket`: the start of the hour the batch ended in) and never updated: readers
-sum them. `GET /v1/usage`'s `from` and `to` are taken to the hour (`from` down, `to` up).
+Rows are by hour (`bucket`: the start of the hour the batch ended in); readers sum them. The
+sweeper folds the rows of each past hour, tenant and model into one (`fold`), so the table keeps
+a row per hour, tenant and model, not one per batch. `GET /v1/usage`'s `from` and `to` are taken
+to the hour (`from` down, `to` up).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Table, case, func, insert, select
+from sqlalchemy import Table, case, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from db.models import UsageRecord
@@ -122,6 +124,47 @@ def record(session: Session, batch: Batch, *, at: datetime) -> None:
     ]
     if rows:
         session.execute(insert(_usage), rows)
+
+
+def fold(
+    *, session: Session, before: datetime, span: timedelta = timedelta(days=2), limit: int = 100
+) -> int:
+    """Fold the rows of each (hour, tenant, model) of the hours from `span` before `before` to
+    `before` (each down to its hour) into one, at most `limit` groups a call: a row per batch
+    is a row per hour then, and the sums stay what they were. `before` should be an hour or
+    more ago, so that no batch still ends in those hours; a row added meanwhile (an id above
+    those read) is left for the next call. Returns how many rows went."""
+    groups = session.execute(
+        select(
+            _usage.c.bucket,
+            _usage.c.tenant,
+            _usage.c.model,
+            func.max(_usage.c.id),
+            func.count(),
+            *(func.sum(_usage.c[name]) for name in _SUMS),
+        )
+        .where(_usage.c.bucket >= hour(before - span), _usage.c.bucket < hour(before))
+        .group_by(_usage.c.bucket, _usage.c.tenant, _usage.c.model)
+        .having(func.count() > 1)
+        .limit(limit)
+    ).all()
+    removed = 0
+    for bucket, tenant, model, last, count, *sums in groups:
+        session.execute(
+            delete(_usage).where(
+                _usage.c.bucket == bucket,
+                _usage.c.tenant == tenant,
+                _usage.c.model == model,
+                _usage.c.id <= last,
+            )
+        )
+        session.execute(
+            insert(_usage),
+            [{"bucket": bucket, "tenant": tenant, "model": model}
+             | {name: value or 0 for name, value in zip(_SUMS, sums, strict=True)}],
+        )  # fmt: skip
+        removed += int(count) - 1
+    return removed
 
 
 # ─── Reading ──────────────────────────────────────────────────────────────────────────────────────

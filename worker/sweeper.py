@@ -12,6 +12,8 @@ Each sweep
 5. cancels queued and running jobs past their deadline (`Cancel-After`), and queued jobs not
    started within their `Queue-Timeout`, first of all: a claim never starts one, but a queued
    job no worker claims, or a running one, needs the sweeper.
+6. every 10 minutes, folds the usage records of each hour that ended over an hour ago into a
+   row per tenant and model (db.usage `fold`: a row per batch until then).
 
 Only jobs of versions that some live worker child holds are published again: the others stay
 queued, without a pile of wake-ups in their queue, until a child loads their version (it wakes
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
@@ -41,7 +44,7 @@ import redis
 from prometheus_client import Counter, Gauge
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import cache, jobs, parts, presence
+from db import cache, jobs, parts, presence, usage
 from db import clock as db_clock
 from db.models import JobErrorCode
 from tffleet.objectstore import ObjectStore, open_store
@@ -56,6 +59,10 @@ log = logging.getLogger(__name__)
 # chunks, so one sweep stays short and the next one goes on where it stopped.
 CHUNK_JOBS = 1000
 MAX_CHUNKS = 20
+# usage_records are folded to a row per hour, tenant and model this often, for the hours that
+# ended at least this long ago (no batch ends in them any more).
+FOLD_USAGE_EVERY_S = 600.0
+FOLD_USAGE_AFTER = timedelta(hours=1)
 # A job's end commits moments after the time it records: each pass over ended jobs' inputs
 # looks this far behind the last one's cutoff, so an end committed late is still found.
 LATE_END = timedelta(minutes=1)
@@ -125,6 +132,7 @@ class Sweeper:
         self._clock = clock
         self._leadership = Leadership(redis_client, settings.sweep_interval_s)
         self._inputs_since: datetime | None = None  # where `_purge_inputs` goes on
+        self._folded_at = float("-inf")  # when `_fold_usage` last ran
         self._store: ObjectStore | None = None  # opened at the first garbage (`_objects`)
 
     # Leadership (worker/leadership.py)
@@ -212,6 +220,7 @@ class Sweeper:
         self._purge_inputs(report)
         self._purge(report)
         self._purge_cache(report)
+        self._fold_usage()
         # After the purges, whose deleted rows leave their objects as garbage.
         report.objects_deleted += garbage.collect(self._sessions, self._objects).objects_deleted
         LAST_SWEEP.set_to_current_time()
@@ -302,6 +311,18 @@ class Sweeper:
             CACHE_PURGED.inc(purged)
             if purged < CHUNK_JOBS:
                 return
+
+    def _fold_usage(self) -> None:
+        """Every FOLD_USAGE_EVERY_S, usage_records down to a row per hour, tenant and model for
+        the hours that ended over FOLD_USAGE_AFTER ago (db/usage.py `fold`)."""
+        if time.monotonic() - self._folded_at < FOLD_USAGE_EVERY_S:
+            return
+        for _ in range(MAX_CHUNKS):
+            with self._sessions.begin() as session:
+                before = self._clock(session) - FOLD_USAGE_AFTER
+                if not usage.fold(session=session, before=before):
+                    break
+        self._folded_at = time.monotonic()
 
     def _purge_inputs(self, report: SweepReport) -> None:
         """Delete the inputs of jobs that ended over TFFLEET_INPUT_TTL_S ago, in chunks from where

@@ -11,25 +11,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 from prometheus_client import REGISTRY
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from db import transform_control, usage
+from db import clock, transform_control, usage
 from db.jobs import Lease
 from db.models import Job, UsageRecord
 from db.transform_views import transform_out
 from tests.worker.test_batching import POISON, FakeRunner, policy, read, samples, submit
 from tests.worker.test_split import Child
 from tests.worker.test_transform import ImageRunner, batcher, make_transform, put, run, table
+from tffleet.broker import Publisher, make_celery
 from tffleet.settings import Settings
 from worker import pipeline
 from worker.batching import Batcher
 from worker.pipeline import Arrays
+from worker.sweeper import Sweeper
 
 pytestmark = pytest.mark.both_databases
 
@@ -221,3 +225,57 @@ def test_a_transforms_shards_keep_their_device_seconds_and_the_transform_sums_th
     jobs_n, samples_n, device_s = records(sessions)["default"]
     assert (jobs_n, samples_n) == (2, 24)
     assert device_s == pytest.approx(total, rel=1e-6)
+
+
+def test_the_sweeper_folds_past_hours_to_a_row_per_hour_tenant_and_model(
+    sessions: Sessions, redis_url: str
+) -> None:
+    with sessions() as session:
+        now = clock.now(session)
+    past = usage.hour(now) - timedelta(hours=3)
+    for at, tenant, model in [
+        (past, "acme", "mlp"), (past + timedelta(minutes=59), "acme", "mlp"),
+        (past, "acme", "cnn"), (past, "zeta", "mlp"), (past - timedelta(hours=1), "acme", "mlp"),
+        (now, "acme", "mlp"), (now, "acme", "mlp"),  # this hour: left as it is
+    ]:  # fmt: skip
+        cost = usage.Batch(model)
+        cost.add(tenant, ended=True, samples=2, device_s=0.5, queue_s=0.25, run_s=1.0)
+        with sessions.begin() as session:
+            usage.record(session, cost, at=at)
+    before = summed(sessions)
+
+    settings = Settings(database_url="sqlite://", broker_url=redis_url)
+    with redis.Redis.from_url(redis_url) as client:
+        Sweeper(sessions, Publisher(make_celery(settings)), settings, client).sweep_once()
+
+    assert summed(sessions) == before
+    with sessions() as session:
+        rows = session.execute(
+            select(UsageRecord.bucket, UsageRecord.tenant, UsageRecord.model, UsageRecord.jobs)
+        ).all()
+    assert sorted((b == usage.hour(now), t, m, j) for b, t, m, j in rows) == [
+        (False, "acme", "cnn", 1),
+        (False, "acme", "mlp", 1),  # the hour before: one row
+        (False, "acme", "mlp", 2),  # two rows folded
+        (False, "zeta", "mlp", 1),
+        (True, "acme", "mlp", 1),
+        (True, "acme", "mlp", 1),
+    ]
+
+
+def summed(sessions: Sessions) -> list[tuple[object, ...]]:
+    """Each group's sums, per tenant and model."""
+    with sessions() as session:
+        found = usage.summarize(
+            session=session,
+            start=datetime(2000, 1, 1, tzinfo=UTC),
+            end=datetime(2100, 1, 1, tzinfo=UTC),
+            group_by=usage.GroupBy.TENANT,
+        )
+        found += usage.summarize(
+            session=session,
+            start=datetime(2000, 1, 1, tzinfo=UTC),
+            end=datetime(2100, 1, 1, tzinfo=UTC),
+            group_by=usage.GroupBy.MODEL,
+        )
+    return [tuple(group.values()) for group in found]
