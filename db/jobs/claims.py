@@ -15,7 +15,7 @@ import functools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Row, Select, Update, bindparam, exists, or_, select, update
@@ -125,9 +125,7 @@ def _claim_ids(
     ).all()
     if len(rows) < len(job_ids):  # taken by another claimer, ended, or late
         claimed = {row.id for row in rows}
-        rest = [i for i in job_ids if i not in claimed]
-        late = cancel_overdue(session=session, now=now, among=rest, queued=True)
-        late += cancel_unstarted(session=session, now=now, among=[i for i in rest if i not in late])
+        late = _cancel_late(session, now, [i for i in job_ids if i not in claimed])
         if canceled is not None:
             canceled.extend(late)
     started = [row.id for row in rows if webhooks.wants(row.webhook_events, webhooks.Event.START)]
@@ -155,6 +153,27 @@ def _claim_ids(
         )
         for row in rows
     ]
+
+
+def _cancel_late(session: Session, now: datetime, among: list[str]) -> list[str]:
+    """Cancel those of `among` (named to this claim, not claimed by it) still queued past their
+    deadline or their queue time-out; their ids. One read when none is late, the usual case:
+    another claimer took them, or they ended (the cancels lock and check again)."""
+    past_deadline = _jobs.c.deadline_at <= now
+    timed_out = _NEVER_STARTED & (_jobs.c.queue_timeout_at <= now)
+    late = session.execute(
+        select(_jobs.c.id, past_deadline.label("past_deadline")).where(
+            _jobs.c.id.in_(among), _QUEUED, or_(past_deadline, timed_out)
+        )
+    ).all()
+    if not late:
+        return []
+    overdue = [row.id for row in late if row.past_deadline]
+    canceled = (
+        cancel_overdue(session=session, now=now, among=overdue, queued=True) if overdue else []
+    )
+    rest = [row.id for row in late if row.id not in canceled]
+    return canceled + (cancel_unstarted(session=session, now=now, among=rest) if rest else [])
 
 
 def claim(
