@@ -18,9 +18,9 @@ run: $(BIN)/tffleet
 	@echo 'tffleet: to run its commands by name in another terminal: export PATH="$(abspath $(BIN)):$$PATH"'
 	$(BIN)/tffleet up
 
-# Two processes (pytest-xdist): the end-to-end tests in one, the rest beside them (tests/conftest.py).
+# Two processes (pytest-xdist), a module whole in one of them, the end-to-end ones first (tests/conftest.py).
 test: $(BIN)/tffleet
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The unit tests: no TensorFlow, no process started (the tests marked slow are left out).
 test-fast: $(BIN)/tffleet

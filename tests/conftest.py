@@ -167,6 +167,7 @@ def _truncate(engine: Engine) -> None:
         conn.execute(text("DELETE FROM uploads"))
         conn.execute(text("DELETE FROM object_garbage"))
         conn.execute(text("DELETE FROM webhook_deliveries"))
+        conn.execute(text("DELETE FROM usage_records"))
         conn.execute(text("UPDATE tenants SET webhook_secret = NULL"))
         conn.execute(text("DELETE FROM job_cache"))
         conn.execute(text("DELETE FROM model_versions"))
@@ -366,23 +367,12 @@ def pytest_configure(config: pytest.Config) -> None:
 E2E = Path(__file__).parent / "e2e"
 
 
-# End-to-end modules that run fleets and servers of their own and time nothing: they go to the
-# other process, beside the tests that start no fleet, so that the two processes end together.
-E2E_APART = frozenset(
-    {"test_transform_faults.py", "test_store_outage.py", "test_bad_requests.py", "test_chaos.py"}
-)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs the suite in two processes (pytest-xdist, `--dist loadgroup`): the
-    end-to-end tests, most of its time and mostly waiting on the processes they start, in one,
-    one after another and first, so that the other takes every other test beside them (and the
-    few end-to-end modules of E2E_APART, first)."""
+    """`make test` runs the suite in two processes (pytest-xdist, `--dist loadfile`): a module
+    whole in one of them, so that a fleet its tests share starts once, and the modules handed
+    out one by one as a process comes free. The end-to-end modules, the longest, go first, so
+    that the many short ones fill in beside them and the two processes end together."""
     fleet = [item for item in items if E2E in item.path.parents]
-    for item in fleet:
-        apart = item.path.name in E2E_APART
-        item.add_marker(pytest.mark.xdist_group("e2e-apart" if apart else "e2e"))
-    fleet.sort(key=lambda item: item.path.name in E2E_APART)  # stable: each group keeps its order
     items[:] = fleet + [item for item in items if E2E not in item.path.parents]
 
 

@@ -204,12 +204,14 @@ def test_a_refused_chunk_counts_jobs_from_the_first_and_lists_the_ones_stored(
         (422, "invalid_input", errors.InvalidInput),
         (429, "queue_full", errors.QueueFull),
         (429, "quota_exceeded", errors.QuotaExceeded),
+        (429, "rate_limited", errors.RateLimited),
+        (403, "model_not_allowed", errors.ModelNotAllowed),
         (503, "unavailable", errors.ServiceUnavailable),
         # A code this client does not know (one the API added since): the class of its status.
         (400, "bad_cursor", errors.BadRequest),
         (404, "tenant_not_found", errors.NotFound),
         (410, "purged", errors.Gone),
-        (429, "rate_limited", errors.TooManyRequests),
+        (429, "slow_down", errors.TooManyRequests),
         # A code of another status is not believed: the status decides.
         (404, "queue_full", errors.NotFound),
         # A status the API never answers with: a plain HTTPStatusError.

@@ -28,8 +28,8 @@ from tests.api.strategies import bad_requests
 from tests.e2e.conftest import Fleet
 from tests.e2e.models import build_mlp
 
-BAD_SUBMISSIONS = 9_000
-BAD_READS = 1_000
+BAD_SUBMISSIONS = 6_000
+BAD_READS = 4_000
 
 
 def setup(database_url: str) -> tuple[dict[str, str], dict[str, str]]:
