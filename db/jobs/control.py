@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import case, delete, func, literal, select, update
 from sqlalchemy.orm import Session
@@ -92,16 +93,7 @@ def cancel_overdue(
     overdue = [_QUEUED if queued else _UNFINISHED, _jobs.c.deadline_at <= now]
     if among is not None:
         overdue.append(_jobs.c.id.in_(list(among)))
-    # Locked in id order, skipping rows a worker is writing now, as `_take_back` does.
-    ids = list(
-        session.scalars(
-            select(_jobs.c.id)
-            .where(*overdue)
-            .order_by(_jobs.c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-    )
+    ids = _locked_ids(session, overdue, limit)
     if not ids:
         return []
     running = _jobs.c.status == JobStatus.RUNNING.value
@@ -143,16 +135,7 @@ def cancel_unstarted(
     late = [_QUEUED, _NEVER_STARTED, _jobs.c.queue_timeout_at <= now]
     if among is not None:
         late.append(_jobs.c.id.in_(list(among)))
-    # Locked in id order, skipping rows a worker is claiming now, as `cancel_overdue` does.
-    ids = list(
-        session.scalars(
-            select(_jobs.c.id)
-            .where(*late)
-            .order_by(_jobs.c.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-    )
+    ids = _locked_ids(session, late, limit)
     if not ids:
         return []
     canceled = session.execute(
@@ -270,3 +253,16 @@ def remove(*, session: Session, job_id: str, tenant: str | None = None) -> None:
         )
     if job.cache_key:
         cache.forget(session=session, keys=[job.cache_key])
+
+
+def _locked_ids(session: Session, where: Sequence[Any], limit: int) -> list[str]:
+    """The ids of at most `limit` jobs matching `where`, locked in id order (the order every
+    writer of many jobs locks in), skipping rows a worker is writing now, as `_take_back` does."""
+    statement = (
+        select(_jobs.c.id)
+        .where(*where)
+        .order_by(_jobs.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return list(session.scalars(statement))
