@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -87,6 +89,26 @@ def test_a_database_that_is_not_there_is_reported(
     finally:
         get_settings.cache_clear()
     assert "database error" in capsys.readouterr().err
+
+
+def test_a_sqlite_file_that_is_not_there_is_reported_and_not_made(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Run from another directory than `tffleet up`'s, a command must not leave an empty
+    database behind it."""
+    from tffleet.settings import get_settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TFFLEET_DATABASE_URL", "sqlite:///tffleet.db")
+    get_settings.cache_clear()
+    try:
+        assert main(["keys", "list"]) == 1
+        assert main(["usage"]) == 1
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert "no database at tffleet.db; run this where `tffleet up` runs" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 # A key's limits: create and set take them, list shows them, `none` takes one off

@@ -124,4 +124,4 @@ def test_unregister_without_a_database_is_exit_status_1(
         assert main(["models", "unregister", "example"]) == 1
     finally:
         get_settings.cache_clear()
-    assert "database error" in capsys.readouterr().err
+    assert f"no database at {tmp_path}/empty.db" in capsys.readouterr().err

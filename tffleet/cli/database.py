@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,7 +22,16 @@ def sessions() -> Iterator[sessionmaker[Session]]:
     from db.engine import make_engine, make_sessionmaker
     from tffleet.settings import get_settings
 
-    engine = make_engine(get_settings().database_url)
+    url = get_settings().database_url
+    missing = _missing_sqlite_file(url)
+    if missing is not None:
+        # Opening it would create an empty file there: a command run from another directory
+        # than `tffleet up`'s (whose .tffleet/fleet.env names the fleet's) would leave one.
+        raise DatabaseError(
+            f"no database at {missing}; run this where `tffleet up` runs, or set "
+            "TFFLEET_DATABASE_URL (and run `tffleet migrate` once for a new one)"
+        )
+    engine = make_engine(url)
     try:
         yield make_sessionmaker(engine)
     except SQLAlchemyError as exc:
@@ -32,6 +42,19 @@ def sessions() -> Iterator[sessionmaker[Session]]:
         ) from exc
     finally:
         engine.dispose()
+
+
+def _missing_sqlite_file(url: str) -> str | None:
+    """The path of a SQLite file `url` names that does not exist; None for any other URL."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    path = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not path or path == ":memory:":
+        return None
+    if path.startswith("file:") or Path(path).exists():
+        return None
+    return path
 
 
 def print_table(rows: Sequence[Sequence[str]]) -> None:
