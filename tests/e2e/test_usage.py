@@ -75,8 +75,12 @@ def test_the_jobs_device_seconds_add_up_to_the_devices_busy_seconds(
     ]
     acme, zeta = _key(fleet, "acme"), _key(fleet, "zeta")
 
-    done = asyncio.run(_run(fleet, bodies[::2], acme)) + asyncio.run(
-        _run(fleet, bodies[1::2], zeta)
+    # The 64-sample job goes alone, last: a job is split only while nothing else of its model
+    # is queued (worker/feeder.py), so among the others it might run whole.
+    done = (
+        asyncio.run(_run(fleet, bodies[:-1:2], acme))
+        + asyncio.run(_run(fleet, bodies[-1:], acme))
+        + asyncio.run(_run(fleet, bodies[1::2], zeta))
     )
 
     assert {job["status"] for job in done} == {"succeeded"}
