@@ -174,7 +174,7 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
             wake[(out["model"], out["version"])].append(out["id"])
         for (model, version), ids in wake.items():
             JOBS_SUBMITTED.labels(model=model).inc(len(ids))
-            if not self._publisher.publish(model=model, version=version, job_ids=ids):
+            if not self._publisher.publish(model=model, version=version, job_ids=ids, once=True):
                 PUBLISH_FAILURES.inc()
         self._place(stored, [result for result in results.values() if isinstance(result, Ingested)])
         return [results[i] for i in range(len(requests))]

@@ -13,9 +13,11 @@ from celery import Celery
 
 from tests.sentinels import SentinelGroup
 from tffleet.broker import (
+    ONCE_MAX_JOBS,
     PRIORITY_RETRY,
     PRIORITY_WAKE,
     RUN_BATCH_TASK,
+    VERSION_HEADER,
     Publisher,
     make_celery,
     queue_for,
@@ -153,8 +155,41 @@ def test_a_wake_up_is_stored_as_celery_would_store_it(
         celerys, ours = client.lrange(wake_up_list(queue, priority), 0, -1)[::-1]
     finally:
         client.close()
-    assert _without_ids(ours) == _without_ids(celerys)
+    # ... but for the header that names the version (for `publish(once=True)`).
+    assert orjson.loads(ours)["headers"].pop(VERSION_HEADER) == "2"
+    stored = _without_ids(ours)
+    assert stored["headers"].pop(VERSION_HEADER) == "2"  # type: ignore[attr-defined]
+    assert stored == _without_ids(celerys)
     assert orjson.loads(ours)["headers"]["id"] == orjson.loads(ours)["properties"]["correlation_id"]
+
+
+def test_a_fresh_jobs_wake_up_is_left_out_while_one_for_its_version_waits_to_be_taken(
+    redis_app: Celery, redis_url: str
+) -> None:
+    publisher = Publisher(redis_app)
+    waiting = wake_up_list(queue_for("once"), PRIORITY_WAKE)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert publisher.publish(model="once", version=1, job_ids=["a"], once=True)
+        assert publisher.publish(model="once", version=1, job_ids=["b"], once=True)
+        assert (client.llen(waiting), publisher.skipped) == (1, 1)
+        # Another version's message, one naming many jobs (to share out), a taken-back job's,
+        # and any without `once` are always pushed.
+        assert publisher.publish(model="once", version=12, job_ids=["c"], once=True)
+        many = [f"m{n}" for n in range(ONCE_MAX_JOBS + 1)]
+        assert publisher.publish(model="once", version=1, job_ids=many, once=True)
+        assert publisher.publish(model="once", version=1, job_ids=["d"], retry=True, once=True)
+        assert publisher.publish(model="once", version=1, job_ids=["e"])
+        assert (client.llen(waiting), publisher.skipped) == (4, 1)
+        # The newest waiting message is version 1's: a version-1 wake-up is left out again; once
+        # every message was taken (as a worker's BRPOP takes them), one is pushed.
+        assert publisher.publish(model="once", version=1, job_ids=["f"], once=True)
+        assert publisher.skipped == 2
+        client.delete(waiting)
+        assert publisher.publish(model="once", version=1, job_ids=["g"], once=True)
+        assert (client.llen(waiting), publisher.skipped) == (1, 2)
+    finally:
+        client.close()
 
 
 def test_a_publish_to_a_redis_that_is_away_fails_at_once_and_backs_off() -> None:

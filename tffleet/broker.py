@@ -58,6 +58,23 @@ PUBLISH_SOCKET_TIMEOUT_S = 0.4
 # hung Redis costs one submission its timeouts, not every submission.
 PUBLISH_BACKOFF_S = 1.0
 
+# `publish(once=True)` always pushes a message naming more jobs than this: its task shares them
+# out among the idle children at once (worker/handoff.py `share`), which only a message can do.
+ONCE_MAX_JOBS = 16
+# A wake-up names its model version in this header too, where the script below can see it.
+VERSION_HEADER = "tffleet_version"
+# Push a wake-up unless the newest message waiting in the list already wakes the same model
+# version: that one is still to be taken, so its task claims after these jobs were committed
+# (docs/explanation/guarantees.md, "Wake-ups"). Returns 1 when pushed, 0 when not.
+_PUSH_UNLESS_WAITING = """
+local newest = redis.call('LINDEX', KEYS[1], 0)
+if newest and string.find(newest, ARGV[2], 1, true) then
+    return 0
+end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+return 1
+"""
+
 
 def queue_for(model: str) -> str:
     """One queue per model, so a worker can serve a subset of the fleet's models."""
@@ -150,20 +167,38 @@ class Publisher:
             retry=Retry(NoBackoff(), int(PUBLISH_RETRY_POLICY["max_retries"])),
         )
         self._origin = f"gen{os.getpid()}@{socket.gethostname()}"  # as Celery names a sender
+        self._push_unless_waiting = self._redis.register_script(_PUSH_UNLESS_WAITING)
+        self.skipped = 0  # wake-ups `once` left out: one for their version was waiting already
 
     def publish(
-        self, *, model: str, version: int, job_ids: Sequence[str], retry: bool = False
+        self,
+        *,
+        model: str,
+        version: int,
+        job_ids: Sequence[str],
+        retry: bool = False,
+        once: bool = False,
     ) -> bool:
         """Returns False (and logs) when the broker could not take the message, or failed one
         less than PUBLISH_BACKOFF_S ago (the jobs stay queued for the sweeper either way).
-        `retry`: the jobs were taken back from a worker; their wake-up goes first."""
+        `retry`: the jobs were taken back from a worker; their wake-up goes first.
+        `once`: the jobs are fresh (never claimed in this run), so any claim of their version
+        may take them: no message is pushed while one for that version waits to be taken
+        (unless it names more than ONCE_MAX_JOBS jobs). Under a steady stream of small jobs the
+        broker then carries about one message per task the workers run, not one per submission."""
         if time.monotonic() - self._failed_at < PUBLISH_BACKOFF_S:
             return False
         priority = PRIORITY_RETRY if retry else PRIORITY_WAKE
         queue = queue_for(model)
         try:
             message = self.wake_up(model=model, version=version, job_ids=job_ids, priority=priority)
-            self._redis.lpush(wake_up_list(queue, priority), message)
+            if once and not retry and len(job_ids) <= ONCE_MAX_JOBS:
+                pushed = self._push_unless_waiting(
+                    keys=[wake_up_list(queue, priority)], args=[message, _marker(version)]
+                )
+                self.skipped += not pushed
+            else:
+                self._redis.lpush(wake_up_list(queue, priority), message)
         except Exception as exc:  # redis raises many kinds; all mean "not published"
             log.warning(
                 "publish of %d %s jobs failed (%s); they stay queued", len(job_ids), model, exc
@@ -185,6 +220,7 @@ class Publisher:
             origin=self._origin,
             ignore_result=None,
         )
+        headers[VERSION_HEADER] = str(version)
         return orjson.dumps(
             {
                 "body": base64.b64encode(orjson.dumps(body)).decode(),
@@ -209,3 +245,8 @@ class Publisher:
         # usual timeout, so a dead broker would time the probe out instead of answering 503.
         with self._celery.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.1, timeout=2)
+
+
+def _marker(version: int) -> str:
+    """How a wake-up of `version` shows in the message `Publisher.wake_up` stores."""
+    return orjson.dumps({VERSION_HEADER: str(version)}).decode()[1:-1]

@@ -94,6 +94,8 @@ class Batcher:
     notify: Notify
     # Publishes a wake-up for jobs handed back to the queue: (model, version, job ids).
     wake: Wake = _no_wake
+    # The same for fresh jobs, none pushed while one for the version waits already.
+    wake_once: Wake = _no_wake
     # Called once a timed-out batch's jobs are dealt with; tests record instead of exiting.
     on_timeout: Callable[[], None] = timeouts.end_process
     # Whether the worker is shutting down: then claim nothing more (worker/drain.py).
@@ -142,9 +144,11 @@ class Batcher:
         message runs at most `MAX_EXTRA_BATCHES` batches more than its named jobs fill, and
         starts none after `TASK_BUDGET_S`; named jobs still queued then are published again
         (`handoff.pass_on`: split in two while they fill more than a batch, so one bulk request
-        spreads over every idle child within a few seconds), and the task ends. A task whose
-        named jobs went to other children while more wait publishes a wake-up for those
-        (`handoff.keep_awake`): a child never idles beside a backlog for want of a message. A
+        spreads over every idle child within a few seconds), and the task ends. A task that
+        ends without a last claim looking at the queue publishes a wake-up for the fresh jobs
+        still waiting, unless one waits in the broker already (`handoff.keep_awake`): a child
+        never idles beside a backlog for want of a message, and a submission whose wake-up was
+        left out for this task's message is never stranded. A
         task about to run a transform's shard (seconds alone on its device) passes its named jobs
         still queued on first (`handoff.before_shard`), so the other shards run beside it.
 
@@ -202,16 +206,25 @@ class Batcher:
         report = writer.report
         if following.draining:
             drain.leave(named, task=task, sessions=self.sessions, wake=self.wake)
+            self._keep_awake(task)  # for another worker
             return report
         # Named jobs still queued: the task ran out of batches or time, or its claim found them
         # locked by another child's claim (on PostgreSQL a claim skips the rows another one
         # holds for a moment, all of its candidates though it takes one shard): never dropped.
         if following.fresh:
             handoff.pass_on(following.fresh, task=task, wake=self.wake)
-        elif following.stopped and self._queue_busy and not self.draining():
-            handoff.keep_awake(task=task, sessions=self.sessions, wake=self.wake)
+        elif following.stopped:
+            # No last claim looked at the queue: jobs whose submissions counted on this task's
+            # message to wake them may wait there (a claim that found it empty needs no check).
+            self._keep_awake(task)
         report.add(self._run_retried(feeder, writer, following.retried))
         return report
+
+    def _keep_awake(self, task: Task) -> None:
+        handoff.keep_awake(
+            model=task.model, version=task.version, sessions=self.sessions,
+            wake=self.wake_once,
+        )  # fmt: skip
 
     def _feeder(self, task: Task, named: Sequence[str]) -> Feeder:
         return Feeder(

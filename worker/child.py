@@ -55,7 +55,9 @@ class Child:
         """A message for a version this child does not hold.
 
         - Another live child holds it (this one is still loading it, drained it, or its device is
-          not among the model's `devices`): publish the still-queued jobs again for that one.
+          not among the model's `devices`): publish the still-queued jobs again for that one,
+          or, where none is, a wake-up for the version's other fresh jobs that wait (a
+          submission publishes none while a message for its version waits: this was it).
         - No live child holds it, and this one failed to load it: fail the jobs `model_error`
           with the reason, as no worker can run them.
         - Otherwise (nobody serves it now): leave them queued; the child that loads it, or the
@@ -75,10 +77,18 @@ class Child:
                 if others
                 else []
             )
+            waiting = (
+                jobs.some_queued(session=session, model=model, version=version, limit=1)
+                if others and not queued
+                else []
+            )
         if others:
-            if queued:
+            if queued or waiting:
                 time.sleep(HAND_BACK_PAUSE_S)
+            if queued:
                 self.batcher.wake(model, version, queued)
+            elif waiting:
+                self.batcher.wake_once(model, version, waiting)
             return BatchReport()
         error = models.failure((model, version))
         if error is not None:
@@ -166,6 +176,9 @@ def init(app: Celery, *, nodename: str | None = None) -> None:
         # A failed publish is logged by the publisher; the sweeper republishes the jobs later.
         publisher.publish(model=model, version=version, job_ids=job_ids)
 
+    def wake_once(model: str, version: int, job_ids: Sequence[str]) -> None:
+        publisher.publish(model=model, version=version, job_ids=job_ids, once=True)
+
     busy = BusyMeter()
     batcher = Batcher(
         sessions=sessions,
@@ -173,6 +186,7 @@ def init(app: Celery, *, nodename: str | None = None) -> None:
         lease_s=settings.lease_s,
         notify=announce,
         wake=wake,
+        wake_once=wake_once,
         device=str(device),
         peers=Peers(sessions, child=owner, poll_s=settings.model_poll_s),
         on_busy=lambda model, version, seconds: busy.add((model, version), seconds),

@@ -86,17 +86,16 @@ def before_shard(
     return retried
 
 
-def keep_awake(*, task: Task, sessions: sessionmaker[Session], wake: Wake) -> None:
-    """A task whose named jobs went to other children while more wait publishes a wake-up for
-    those: a child never idles beside a backlog for want of a message."""
-    # One message out for the one this task consumed: the count of messages never grows.
+def keep_awake(*, model: str, version: int, sessions: sessionmaker[Session], wake: Wake) -> None:
+    """A task that ends while fresh jobs of its version wait publishes a wake-up for them (`wake`
+    pushes none while one for the version waits to be taken already): a child never idles
+    beside a backlog for want of a message. Submissions publish theirs only while none waits
+    (tffleet/broker.py `Publisher.publish(once=True)`), so a task that ends without a last
+    claim owes the jobs committed since its claims this one."""
     with sessions() as session:
-        waiting = jobs.some_queued(
-            session=session, model=task.model, version=task.version,
-            limit=task.policy.max_batch_size,
-        )  # fmt: skip
+        waiting = jobs.some_queued(session=session, model=model, version=version, limit=1)
     if waiting:
-        wake(task.model, task.version, waiting)
+        wake(model, version, waiting)
 
 
 def hand_back(

@@ -33,7 +33,8 @@ Every path by which a job runs again
    it (worker/objects.py). A transform's shard whose file or part the store does not serve goes
    back the same way, its part left unwritten (worker/transform.py); so does one running when
    the worker begins its warm shutdown, stopped at a batch boundary.
-7. A wake-up was lost. The submit's publish fails fast (`PUBLISH_RETRY_POLICY` in
+7. A wake-up was lost. (A submission that publishes none, as one for its version waits, is
+   not lost: docs/explanation/guarantees.md, "Wake-ups".) The submit's publish fails fast (`PUBLISH_RETRY_POLICY` in
    tffleet/broker.py: the job is durable already), or Redis lost the message: the sweeper
    publishes again every queued job whose last wake-up is older than `TFFLEET_REPUBLISH_AFTER_S`
    (`db.jobs.stale_queued`).

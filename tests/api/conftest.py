@@ -371,11 +371,13 @@ def publications(monkeypatch: pytest.MonkeyPatch, sessions: Sessions) -> list[Pu
     seen: list[Publication] = []
     publish = Publisher.publish
 
-    def checking(self: Publisher, *, model: str, version: int, job_ids: Sequence[str]) -> bool:
+    def checking(
+        self: Publisher, *, model: str, version: int, job_ids: Sequence[str], **options: bool
+    ) -> bool:
         with sessions() as session:
             found = jobs.get_many(session=session, job_ids=job_ids)
         seen.append(Publication(model, version, list(job_ids), len(found) == len(job_ids)))
-        return publish(self, model=model, version=version, job_ids=job_ids)
+        return publish(self, model=model, version=version, job_ids=job_ids, **options)
 
     monkeypatch.setattr(Publisher, "publish", checking)
     return seen

@@ -260,12 +260,16 @@ def test_a_split_job_with_a_referenced_input_runs_on_two_children(
     woken: list[list[str]] = []
     first = make_batcher(sessions, Objects(object_store, inline_max_bytes=1 << 20), peers=1)
     first.wake = lambda model, version, ids: woken.append(list(ids))
+    # Its task ends with parts waiting: it asks for a wake-up unless one waits (the share does).
+    nudged: list[list[str]] = []
+    first.wake_once = lambda model, version, ids: nudged.append(list(ids))
     second = make_batcher(
         sessions, Objects(object_store, inline_max_bytes=1 << 20), owner="t2", peers=1
     )
 
     run(first, [job_id], max_batch_size=4, buckets=(1, 2, 4))
     (named,) = woken
+    assert len(nudged) == 1 and set(nudged[0]) <= set(named)
     run(second, named, max_batch_size=4, buckets=(1, 2, 4))
     run(first, named, max_batch_size=4, buckets=(1, 2, 4))
 
