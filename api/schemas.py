@@ -174,6 +174,11 @@ class JobOut(BaseModel):
         default=None,
         description="Its `Cancel-After`: not ended by then, it is canceled (error `deadline`).",
     )
+    queue_timeout_at: datetime | None = Field(
+        default=None,
+        description="Its `Queue-Timeout`: not started by then, it is canceled (error "
+        "`queue_timeout`).",
+    )
     usage: JobUsage | None = Field(
         default=None, description="Once it ended: what it cost (null until then)."
     )

@@ -54,6 +54,7 @@ def job_out(
         "cached": bool(getattr(job, "cached", False)),
         **standing_fields(standing),
         "deadline_at": iso_utc(job.deadline_at),
+        "queue_timeout_at": iso_utc(job.queue_timeout_at),
         "usage": _usage(job),
     }
 

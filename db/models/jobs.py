@@ -159,11 +159,25 @@ class Job(Base):
         Index("ix_jobs_finished_at", "finished_at"),
         Index("ix_jobs_expires_at", "expires_at"),
         Index("ix_jobs_parent_id", "parent_id"),
-        # The sweeper's deadlines: unfinished jobs past theirs.
-        Index("ix_jobs_deadline", "status", "deadline_at"),
+        # The sweeper's deadlines: unfinished jobs past theirs. Only the jobs that have one:
+        # the others' status changes write nothing here (the sweeper's `deadline_at <= now`
+        # implies the index's condition, so both databases use it).
+        Index(
+            "ix_jobs_deadline",
+            "status",
+            "deadline_at",
+            sqlite_where=text("deadline_at IS NOT NULL"),
+            postgresql_where=text("deadline_at IS NOT NULL"),
+        ),
         Index("ix_jobs_transform_id", "transform_id"),
-        # The sweeper's queue time-outs: queued jobs past theirs.
-        Index("ix_jobs_queue_timeout", "status", "queue_timeout_at"),
+        # The sweeper's queue time-outs: queued jobs past theirs (likewise only those with one).
+        Index(
+            "ix_jobs_queue_timeout",
+            "status",
+            "queue_timeout_at",
+            sqlite_where=text("queue_timeout_at IS NOT NULL"),
+            postgresql_where=text("queue_timeout_at IS NOT NULL"),
+        ),
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from db import jobs
+from db.views import iso_utc
 from tests.api.conftest import read_job
 
 pytestmark = pytest.mark.anyio
@@ -47,12 +48,18 @@ async def test_queue_timeout_sets_when_an_unstarted_job_is_canceled(
 
     assert queue_timeout_s(sessions, job_id) == pytest.approx(seconds)
     assert read_job(sessions, job_id).deadline_at is None  # not a deadline
+    shown = (await client.get(f"/v1/jobs/{job_id}")).json()
+    stored = read_job(sessions, job_id).queue_timeout_at
+    assert stored is not None and shown["deadline_at"] is None
+    assert shown["queue_timeout_at"] == iso_utc(stored) and shown["queue_timeout_at"].endswith("Z")
 
 
 async def test_a_job_without_queue_timeout_has_none(
     client: httpx.AsyncClient, sessions: Sessions
 ) -> None:
-    assert queue_timeout_s(sessions, await submit(client)) is None
+    job_id = await submit(client)
+    assert queue_timeout_s(sessions, job_id) is None
+    assert (await client.get(f"/v1/jobs/{job_id}")).json()["queue_timeout_at"] is None
 
 
 @pytest.mark.parametrize(

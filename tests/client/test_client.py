@@ -248,8 +248,9 @@ def test_an_answer_that_is_not_the_contract_raises_protocol_error() -> None:
         client.get("j1")
 
 
-def flaky(failures: Sequence[Exception | int], then: httpx.Response) -> Recorder:
-    """Fails the first requests (raising, or answering a status), then answers `then`."""
+def flaky(failures: Sequence[Exception | int | httpx.Response], then: httpx.Response) -> Recorder:
+    """Fails the first requests (raising, or answering a status or a response), then answers
+    `then`."""
 
     def answer(request: httpx.Request) -> httpx.Response:
         n = len(server.requests) - 1
@@ -257,6 +258,8 @@ def flaky(failures: Sequence[Exception | int], then: httpx.Response) -> Recorder
             failure = failures[n]
             if isinstance(failure, Exception):
                 raise failure
+            if isinstance(failure, httpx.Response):
+                return failure
             return error_response(failure, "unavailable", "database unreachable; try again")
         return then
 
@@ -319,6 +322,22 @@ def test_retries_back_off_between_tries() -> None:
     retries = Retries(attempts=5, backoff_s=0.1, max_backoff_s=0.3)
     delays = [retries.delay_s(n) for n in range(5)]
     assert 0.05 <= delays[0] <= 0.1 and all(0.15 <= d <= 0.3 for d in delays[2:])
+    # An answer's Retry-After goes instead, up to max_retry_after_s.
+    assert retries.delay_s(0, retry_after_s=1.5) == 1.5
+    assert retries.delay_s(0, retry_after_s=600) == retries.max_retry_after_s
+
+
+def test_a_429_is_tried_again_after_its_retry_after() -> None:
+    limited = httpx.Response(
+        429,
+        headers={"Retry-After": "0.3"},
+        json={"error": {"code": "rate_limited", "message": "key abc is over its rate"}},
+    )
+    server = flaky([limited], httpx.Response(202, json=wire_job()))
+    started = time.monotonic()
+    with server.client(retries=Retries(attempts=2, backoff_s=0)) as client:
+        assert client.submit("double", [[1, 2, 3, 4]]).id == "j1"
+    assert time.monotonic() - started >= 0.3 and len(server.requests) == 2
 
 
 def test_wait_long_polls_in_rounds_with_a_read_timeout_above_the_hold() -> None:

@@ -85,6 +85,8 @@ class Job:
     cached: bool = False
     # Its `cancel_after`: not ended by then, it is canceled (error `deadline`).
     deadline_at: datetime | None = None
+    # Its `queue_timeout`: not started by then, it is canceled (error `queue_timeout`).
+    queue_timeout_at: datetime | None = None
     # While queued: how many queued jobs of its model version go before it (by fair share
     # between tenants, then priority and age), and the seconds until it may end at the recent
     # pace; both estimates, None once it runs (eta_s also when nothing finished lately).
@@ -141,6 +143,7 @@ class Job:
             ),
             "cached": self.cached,
             "deadline_at": _iso(self.deadline_at),
+            "queue_timeout_at": _iso(self.queue_timeout_at),
             "queue_position": self.queue_position,
             "eta_s": self.eta_s,
             "usage": dict(self.usage.__dict__) if self.usage is not None else None,
@@ -176,6 +179,7 @@ class Job:
                 progress=_progress(data.get("progress")),
                 cached=bool(data.get("cached", False)),
                 deadline_at=_datetime(data.get("deadline_at")),  # absent from an older API
+                queue_timeout_at=_datetime(data.get("queue_timeout_at")),  # likewise
                 queue_position=data.get("queue_position"),  # absent from an older API
                 eta_s=data.get("eta_s"),
                 usage=Usage.from_wire(data.get("usage")),  # absent from an older API

@@ -87,14 +87,28 @@ class Retries:
     Every call is retried after a transport error or a 429 or 503 answer (which, by the
     contract, stored nothing). Every call is safe to repeat: reads and cancels by nature, and a
     submit carries an `Idempotency-Key`, so one sent again gets the jobs the first one stored.
+    An answer's `Retry-After` (seconds: a key over its rate says when its jobs would pass) is
+    waited instead of the back-off, up to `max_retry_after_s`.
     """
 
     attempts: int = 3  # retries after the first try
     backoff_s: float = 0.2
     max_backoff_s: float = 2.0
+    max_retry_after_s: float = 30.0
 
-    def delay_s(self, retry: int) -> float:
+    def delay_s(self, retry: int, *, retry_after_s: float | None = None) -> float:
+        if retry_after_s is not None:
+            return min(self.max_retry_after_s, retry_after_s)
         return min(self.max_backoff_s, self.backoff_s * 2**retry) * random.uniform(0.5, 1.0)
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """An answer's `Retry-After` in seconds (the API sends seconds; an HTTP date is not read)."""
+    try:
+        value = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return value if value >= 0 else None
 
 
 # One request, retried and read
@@ -105,6 +119,7 @@ def send(call: Call, retries: Retries, *, raw: bool = False) -> Plan[Any]:
     bytes as they came, a file streamed by the API)."""
     retry = 0
     while True:
+        after: float | None = None
         try:
             response: httpx.Response = yield call
         except httpx.RequestError as exc:
@@ -115,7 +130,8 @@ def send(call: Call, retries: Retries, *, raw: bool = False) -> Plan[Any]:
                 if raw and response.status_code < 400:
                     return response.content
                 return read(response)
-        yield Sleep(retries.delay_s(retry))
+            after = retry_after_s(response)
+        yield Sleep(retries.delay_s(retry, retry_after_s=after))
         retry += 1
 
 
