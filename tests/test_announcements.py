@@ -22,6 +22,8 @@ JOB = EndedJob(
     attempts=1,
     worker="host/12/cpu:0/abc123",
     outputs=b"TFT1\x00\xff binary",
+    deadline_at=datetime(2026, 11, 21, 8, 1, 0, tzinfo=UTC),
+    queue_timeout_at=datetime(2026, 11, 21, 8, 0, 30, tzinfo=UTC),
 )
 
 

@@ -47,6 +47,7 @@ class EndedJob:
     outputs: bytes
     status: str = "succeeded"
     deadline_at: datetime | None = None  # its `Cancel-After`, as stored
+    queue_timeout_at: datetime | None = None  # its `Queue-Timeout`, as stored
     samples: int = 0  # for its `usage`
     device_s: float | None = None  # its share of the batch's forward passes (its `usage`)
     error_code: None = None
@@ -65,6 +66,7 @@ class EndedJob:
             "worker": self.worker,
             "outputs": pybase64.b64encode(self.outputs).decode("ascii"),
             "deadline_at": _iso(self.deadline_at),
+            "queue_timeout_at": _iso(self.queue_timeout_at),
             "samples": self.samples,
             "device_s": self.device_s,
         }
@@ -83,6 +85,7 @@ class EndedJob:
             worker=item["worker"],
             outputs=pybase64.b64decode(item["outputs"]),
             deadline_at=_parse(item.get("deadline_at")),  # absent from an older worker's
+            queue_timeout_at=_parse(item.get("queue_timeout_at")),  # likewise
             samples=int(item.get("samples") or 0),
             device_s=item.get("device_s"),
         )

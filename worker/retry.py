@@ -34,10 +34,10 @@ Every path by which a job runs again
    back the same way, its part left unwritten (worker/transform.py); so does one running when
    the worker begins its warm shutdown, stopped at a batch boundary.
 7. A wake-up was lost. (A submission that publishes none, as one for its version waits, is
-   not lost: docs/explanation/guarantees.md, "Wake-ups".) The submit's publish fails fast (`PUBLISH_RETRY_POLICY` in
-   tffleet/broker.py: the job is durable already), or Redis lost the message: the sweeper
-   publishes again every queued job whose last wake-up is older than `TFFLEET_REPUBLISH_AFTER_S`
-   (`db.jobs.stale_queued`).
+   not lost: docs/explanation/guarantees.md, "Wake-ups".) The submit's publish fails fast
+   (`PUBLISH_RETRY_POLICY` in tffleet/broker.py: the job is durable already), or Redis lost
+   the message: the sweeper publishes again every queued job whose last wake-up is older than
+   `TFFLEET_REPUBLISH_AFTER_S` (`db.jobs.stale_queued`).
 8. A message reached a child that does not hold its version while another live child does: the
    child waits `HAND_BACK_PAUSE_S` and publishes the still-queued jobs again (`Child.turn_away`).
 9. A message delivered twice (Redis's visibility timeout, a redelivery after 2) is harmless: a

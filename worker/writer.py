@@ -148,6 +148,7 @@ class Writer:
                     worker=self.task.worker or lease.owner,
                     outputs=outputs,
                     deadline_at=lease.deadline_at,
+                    queue_timeout_at=lease.queue_timeout_at,
                     samples=lease.samples,
                     device_s=spent.get(lease.job_id, 0.0),
                 )

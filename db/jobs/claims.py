@@ -75,6 +75,7 @@ def _claim_statement(*, fresh_only: bool, history: bool = True) -> Update:
             _jobs.c.parent_id,
             _jobs.c.cache_key,
             _jobs.c.deadline_at,
+            _jobs.c.queue_timeout_at,
             _jobs.c.webhook_events,
             _jobs.c.tenant,
         )
@@ -148,6 +149,7 @@ def _claim_ids(
             parent_id=row.parent_id,
             cache_key=row.cache_key,
             deadline_at=row.deadline_at,
+            queue_timeout_at=row.queue_timeout_at,
             webhook_events=row.webhook_events,
             tenant=row.tenant,
         )

@@ -40,6 +40,7 @@ class Lease:
     parent_id: str | None = None  # the split job this is a part of (db/parts.py)
     cache_key: str | None = None  # its outputs go to the response cache (db/cache.py)
     deadline_at: datetime | None = None  # as stored (`Cancel-After`), for its announcement
+    queue_timeout_at: datetime | None = None  # as stored (`Queue-Timeout`), likewise
     webhook_events: int | None = None  # its webhook's events: its end is recorded for them
     tenant: str | None = None  # whose job: its objects in the store lie under the tenant's prefix
 
