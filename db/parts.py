@@ -271,8 +271,10 @@ def stranded(*, session: Session, limit: int = 100) -> list[str]:
         select(_jobs.c.parent_id)
         .join(parent, parent.c.id == _jobs.c.parent_id)
         .where(
+            # Parts only, read by the index from the first: not every job's null parent_id.
+            _jobs.c.parent_id.is_not(None),
             (_jobs.c.status == JobStatus.FAILED.value)
-            | (parent.c.status != JobStatus.RUNNING.value)
+            | (parent.c.status != JobStatus.RUNNING.value),
         )
         .distinct()
         .limit(limit)

@@ -128,6 +128,9 @@ def stamp_expiry(*, session: Session, limit: int) -> int:
     return len(rows)
 
 
+_ENDED = [status.value for status in FINISHED]
+
+
 def purge_finished(
     *, session: Session, older_than: datetime, limit: int, now: datetime | None = None
 ) -> int:
@@ -136,20 +139,26 @@ def purge_finished(
     That is: jobs without a `ttl_s` that finished before `older_than`, and jobs with one whose
     `expires_at` (see `stamp_expiry`) is before `now`. One bounded chunk per call, so the caller
     can commit between chunks and no transaction holds a large part of the table.
+
+    Each is read by the index of its time, the status checked on what it finds: given
+    `status IN (...)`, SQLite's planner read every ended job by the status index instead, each
+    sweep, under the sweep's write lock (a job that has a `finished_at` or an `expires_at` has
+    ended: a retry clears both; the DELETE checks again).
     """
     now = now or clock.now(session)
-    ended = _jobs.c.status.in_([status.value for status in FINISHED])
-    by_default = select(_jobs.c.id).where(
-        ended, _jobs.c.ttl_s.is_(None), _jobs.c.finished_at < older_than
+    ended = _jobs.c.status.in_(_ENDED)
+    by_default = select(_jobs.c.id, _jobs.c.status).where(
+        _jobs.c.finished_at < older_than, _jobs.c.ttl_s.is_(None)
     )
-    by_own = select(_jobs.c.id).where(ended, _jobs.c.expires_at < now)
-    ids = list(session.scalars(by_default.order_by(_jobs.c.finished_at).limit(limit)))
-    ids += list(session.scalars(by_own.order_by(_jobs.c.expires_at).limit(limit - len(ids))))
+    by_own = select(_jobs.c.id, _jobs.c.status).where(_jobs.c.expires_at < now)
+    rows = list(session.execute(by_default.order_by(_jobs.c.finished_at).limit(limit)).all())
+    rows += session.execute(by_own.order_by(_jobs.c.expires_at).limit(limit - len(rows))).all()
+    ids = [row.id for row in rows if row.status in _ENDED]
     if not ids:
         return 0
     # Their objects in the store go after them (the sweeper's garbage step).
     objects.doom_jobs(session=session, job_ids=ids)
-    result = session.execute(delete(_jobs).where(_jobs.c.id.in_(ids)))
+    result = session.execute(delete(_jobs).where(_jobs.c.id.in_(ids), ended))
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
@@ -158,8 +167,6 @@ def purge_finished(
 # after TFFLEET_INPUT_TTL_S, long before the job and its outputs. Queued and running jobs keep
 # theirs, a split job too while its parts run (it is `running`); an ended part's go, as no part
 # runs again once ended (its job's retry runs whole, from the job's own inputs).
-
-_ENDED = [status.value for status in FINISHED]
 
 
 def oldest_kept_inputs(*, session: Session) -> datetime | None:
@@ -187,11 +194,13 @@ def purge_inputs(
     earliest first. The jobs stay, outputs and all, until their own retention (`purge_finished`).
 
     The range walks the finished_at index from `since`, where the last chunk stopped, instead of
-    from the first job kept, whose inputs went long ago: a sweep reads what ended since the last."""
+    from the first job kept, whose inputs went long ago: a sweep reads what ended since the last.
+    The status is checked here, not in SQL: given `status IN (...)`, SQLite's planner read every
+    ended job by the status index instead, under the sweep's write lock (a job that has a
+    `finished_at` has ended; a retry clears it, so this is a second guard)."""
     found = (
-        select(_jobs.c.id, _jobs.c.finished_at)
+        select(_jobs.c.id, _jobs.c.finished_at, _jobs.c.status)
         .where(
-            _jobs.c.status.in_(_ENDED),
             _jobs.c.finished_at >= since,
             _jobs.c.finished_at < older_than,
             exists().where(_inputs.c.job_id == _jobs.c.id),
@@ -202,7 +211,7 @@ def purge_inputs(
     rows = session.execute(found).all()
     if not rows:
         return InputsPurged(0, None)
-    ids = [row.id for row in rows]
+    ids = [row.id for row in rows if row.status in _ENDED]
     # Large inputs lie in the store, under the job's inputs/ (a job with stored_bytes has some).
     objects.doom_inputs(session=session, job_ids=ids)
     session.execute(delete(_inputs).where(_inputs.c.job_id.in_(ids)))

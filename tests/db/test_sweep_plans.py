@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session
 
-from db import jobs
+from db import jobs, parts
 from db.clock import utcnow
 from db.engine import make_engine, make_sessionmaker
 
@@ -56,10 +56,28 @@ def plans(engine: Engine, call: Callable[[Session], Any]) -> list[str]:
             ),
             id="purge_finished",
         ),
+        pytest.param(
+            lambda s: jobs.purge_inputs(
+                session=s,
+                since=utcnow() - timedelta(hours=2),
+                older_than=utcnow() - timedelta(hours=1),
+                limit=100,
+            ),
+            id="purge_inputs",
+        ),
+        pytest.param(
+            lambda s: jobs.expire_leases(session=s, now=utcnow(), max_attempts=3, limit=100),
+            id="expire_leases",
+        ),
+        pytest.param(
+            lambda s: jobs.stale_queued(session=s, older_than=utcnow(), limit=100),
+            id="stale_queued",
+        ),
+        pytest.param(lambda s: parts.stranded(session=s), id="parts_stranded"),
     ],
 )
 def test_a_sweep_statement_reads_an_index_of_the_rows_it_wants(
-    sqlite_url: str, call: Callable[[Session], Any]
+    sqlite_url: str, call: Callable[[Session], Any], request: pytest.FixtureRequest
 ) -> None:
     engine = make_engine(sqlite_url)
     try:
@@ -71,6 +89,9 @@ def test_a_sweep_statement_reads_an_index_of_the_rows_it_wants(
     reads = [line for line in found if " jobs " in f"{line} "]
     assert reads, found
     for line in reads:
-        assert not line.startswith("SCAN jobs"), found
+        assert not line.startswith(("SCAN jobs", "SCAN parent")), found
         # Every job without an expires_at (nearly all) is no search for a few.
         assert "ix_jobs_expires_at (expires_at=?)" not in line, found
+        # ... nor is every ended job, read by their status (the queued ones may be).
+        if "stale_queued" not in request.node.name:
+            assert not line.endswith("(status=?)"), found
