@@ -266,15 +266,20 @@ _SIZES = (
 )
 
 
+# The most ended jobs a pace is read from: a read every `refresh_s` costs the same however busy.
+RECENT_JOBS = 5000
+
+
 class Recent:
     """What placing a job reads at most every `refresh_s` (per process, as a queued job's every
     read needs it): each model version's samples per second lately, and each tenant's weight and
     average queued job size. Sizes change slowly; a tenant not seen at the last read is read at
     once.
 
-    The pace of a version is the samples of its jobs that succeeded within the last `window_s`,
-    over the time since the earliest of them started (at least `min_span_s`): a version that
-    only just began to run is not judged by the whole window. The parent of a split job is left
+    The pace of a version is the samples of its jobs that succeeded within the last `window_s`
+    (of the fleet's latest `RECENT_JOBS` ended jobs there), over the time since the earliest of
+    them started (at least `min_span_s`): a version that only just began to run is not judged
+    by the whole window. The parent of a split job is left
     out (its parts count), and so are failed jobs: a job failed for a lost worker or a deadline
     says nothing of the pace.
     """
@@ -330,20 +335,37 @@ class Recent:
     def _read_rates(self, session: Session) -> dict[tuple[str, int], float]:
         now = clock.now(session)
         since = now - timedelta(seconds=self.window_s)
-        rows = session.execute(
+        # The latest jobs that ended in the window, at most RECENT_JOBS, read by the finished_at
+        # index: a busy fleet ends more jobs in five minutes than a read every few seconds
+        # should touch, and the status, which SQLite's planner would read every succeeded job
+        # by, is checked on these.
+        latest = (
             select(
                 _jobs.c.model,
                 _jobs.c.version,
-                func.sum(_jobs.c.samples),
-                func.min(_jobs.c.started_at),
+                _jobs.c.samples,
+                _jobs.c.started_at,
+                _jobs.c.parts,
+                _jobs.c.status,
+            )
+            .where(_jobs.c.finished_at >= since)
+            .order_by(_jobs.c.finished_at.desc())
+            .limit(RECENT_JOBS)
+            .subquery()
+        )
+        rows = session.execute(
+            select(
+                latest.c.model,
+                latest.c.version,
+                func.sum(latest.c.samples),
+                func.min(latest.c.started_at),
             )
             .where(
-                _jobs.c.finished_at >= since,
-                _jobs.c.started_at.is_not(None),
-                _jobs.c.parts.is_(None),
-                _jobs.c.status == JobStatus.SUCCEEDED.value,
+                latest.c.started_at.is_not(None),
+                latest.c.parts.is_(None),
+                latest.c.status == JobStatus.SUCCEEDED.value,
             )
-            .group_by(_jobs.c.model, _jobs.c.version)
+            .group_by(latest.c.model, latest.c.version)
         ).all()
         rates = {}
         for model, version, samples, first_started in rows:
