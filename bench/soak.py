@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -362,7 +361,6 @@ def main(argv: list[str] | None = None) -> int:
             fleet = run.start_fleet(
                 group, repository, f"redis://127.0.0.1:{port}/0", database_url, "cpu:1"
             )
-            group.start("sweeper", [sys.executable, "-m", "tffleet.cli", "sweeper"], env=fleet.env)
             body = run.one_sample_body("mlp")
             rate = args.rate
             if rate is not None:  # no capacity run: let the sweeper start before the samples
