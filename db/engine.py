@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
+import time
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,6 +26,15 @@ _WAL_AUTOCHECKPOINT_PAGES = 25_000  # ~100 MB
 # or a worker forever. Every statement tffleet runs is bounded (chunks of at most 1,000 jobs).
 CONNECT_TIMEOUT_S = 5
 STATEMENT_TIMEOUT_S = 30
+
+# SQLite: how long a statement waits for a lock before "database is locked".
+BUSY_TIMEOUT_MS = 30_000
+# SQLite's own wait for a lock sleeps 1, 2, 5, 10, 15... ms between tries, where the writer it
+# waits for (a submit's insert, a claim, a batch's results) holds the write lock for a fraction
+# of a millisecond: under load, a transaction slept several times longer than the one it waited
+# for. A write transaction's lock is tried again after these pauses first (about 5 ms in all,
+# each try a microsecond), then with SQLite's own wait for the rest of BUSY_TIMEOUT_MS.
+_LOCK_PAUSES_S = (0.00005,) * 20 + (0.0002,) * 20
 
 
 def normalize_url(url: str) -> str:
@@ -57,7 +68,7 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
     # instead of failing with "database is locked" when a read upgrades to a write.
     engine = create_engine(
         url,
-        connect_args={"timeout": 30, "check_same_thread": False},
+        connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
         hide_parameters=True,
         **kwargs,
     )
@@ -70,7 +81,7 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute(f"PRAGMA wal_autocheckpoint={_WAL_AUTOCHECKPOINT_PAGES}")
         cursor.execute("PRAGMA journal_size_limit=67108864")  # shrink the WAL file back to 64 MB
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
@@ -79,9 +90,36 @@ def _sqlite_engine(url: str, **kwargs: Any) -> Engine:
         # A read-only session needs no explicit transaction: in WAL mode each SELECT reads a
         # consistent snapshot on its own, and skipping BEGIN saves a round trip per read.
         if not conn.get_execution_options().get("tffleet_readonly", False):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            _begin_immediate(conn)
 
     return engine
+
+
+def _begin_immediate(conn: Connection) -> None:
+    """BEGIN IMMEDIATE: the write lock, waited for in short pauses, then in SQLite's own wait."""
+    if not _take_write_lock(conn.connection.dbapi_connection):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # its errors raised as SQLAlchemy raises them
+
+
+def _take_write_lock(dbapi_connection: Any) -> bool:
+    """Whether BEGIN IMMEDIATE took the lock within `_LOCK_PAUSES_S`; False too on any other
+    error, for the caller's BEGIN to meet again."""
+    try:
+        dbapi_connection.execute("PRAGMA busy_timeout=0")
+        try:
+            for pause in _LOCK_PAUSES_S:
+                try:
+                    dbapi_connection.execute("BEGIN IMMEDIATE")
+                    return True
+                except sqlite3.OperationalError as exc:
+                    if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                        return False
+                time.sleep(pause)
+            return False
+        finally:
+            dbapi_connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    except sqlite3.Error:
+        return False
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from db import engine as engine_module
 from db.engine import WalCheckpointer, make_engine, normalize_url, readonly
 from db.migrate import alembic_config
 from db.models import Job
@@ -110,6 +112,57 @@ def test_sqlite_writers_queue_instead_of_failing(sqlite_engine: Engine) -> None:
     thread.join(5)
     assert not errors
     assert time.monotonic() - started > 0.1
+
+
+def test_a_sqlite_writer_waits_for_a_short_lock_in_short_pauses(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's own wait sleeps 1 ms and more between tries, longer than most transactions
+    hold the write lock: the begin tries again after pauses of a fraction of a millisecond,
+    and leaves SQLite's busy timeout as it found it."""
+    holding, release = threading.Event(), threading.Event()
+    pauses: list[float] = []
+    real_sleep = time.sleep
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 3:
+            release.set()  # the holder commits after the waiter's third try
+        real_sleep(seconds)
+
+    monkeypatch.setattr(engine_module.time, "sleep", pause)
+
+    def hold_the_write_lock() -> None:
+        with sqlite_engine.begin() as conn:
+            conn.execute(text("DELETE FROM jobs"))
+            holding.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=hold_the_write_lock)
+    thread.start()
+    assert holding.wait(5)
+    with sqlite_engine.begin() as conn:
+        conn.execute(text("DELETE FROM model_versions"))
+        timeout_ms = conn.execute(text("PRAGMA busy_timeout")).scalar()
+    thread.join(5)
+    assert len(pauses) >= 3 and max(pauses) <= 0.001
+    assert timeout_ms == engine_module.BUSY_TIMEOUT_MS
+
+
+def test_a_sqlite_error_at_begin_is_raised_as_sqlalchemy_raises_it(sqlite_engine: Engine) -> None:
+    """Not a lock: the begin gives up its own tries, and SQLAlchemy's BEGIN raises the error
+    wrapped as every other database error is (what the API and the workers catch)."""
+    with sqlite_engine.connect() as conn:
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        raw.execute("BEGIN")  # a transaction SQLAlchemy knows nothing of
+        try:
+            with pytest.raises(OperationalError, match="within a transaction"):
+                conn.begin()
+        finally:
+            if raw.in_transaction:  # (SQLAlchemy rolls back after an error)
+                raw.execute("ROLLBACK")
+        assert conn.execute(text("PRAGMA busy_timeout")).scalar() == engine_module.BUSY_TIMEOUT_MS
 
 
 def test_times_are_stored_as_utc_and_read_back_aware(engine: Engine) -> None:
