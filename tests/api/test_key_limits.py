@@ -178,12 +178,15 @@ async def test_tokens_taken_ahead_never_let_processes_pass_more_than_the_rate(
     assert passed >= 0.8 * (burst + rate * 0.5) - 2 * burst / 10  # at most a lease each held
 
 
+# On the API's own event loop (uvicorn runs uvloop): asyncio's own costs a Redis call ~25% more.
+@pytest.mark.parametrize("anyio_backend", [("asyncio", {"use_uvloop": True})])
 async def test_a_rate_check_costs_well_under_a_tenth_of_a_millisecond(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The issue allows 0.1 ms a request for the rate check: timed here against the real Redis
     and printed (`pytest -s`). A key with no rate costs nothing; a busy key's requests mostly
-    spend tokens its process took ahead; a key refused lately is refused without asking."""
+    spend tokens its process took ahead; a key refused lately is refused without asking; a
+    key that asks Redis every time (under 20 jobs a second) costs a round trip."""
     rounds = 2000
 
     cpu_us = 0.0  # the process's CPU in the last `mean_us`, per check
