@@ -1,14 +1,19 @@
-"""10,000 bad requests against a fleet under load: none answered 5xx, none stores anything.
+"""Bad requests against a fleet under load: none answered 5xx, none stores anything.
 
 Tenant `load` keeps the fleet busy with valid jobs (submit and wait, from a thread) while tenant
 `fuzz` sends the generated bad submissions of tests/api/strategies.py (malformed JSON and
 tensors, lying envelopes, wrong content types and keys, missing or made-up API keys) and reads
 and cancels `load`'s jobs by id (404: another tenant's). At the end `fuzz` owns no job and every
 `load` job succeeded.
+
+The suite sends 2,000 (60% submissions, 40% reads); `TFFLEET_BAD_REQUESTS=10000 .venv/bin/python
+-m pytest -s tests/e2e/test_bad_requests.py` sends the 10,000 of the fuzz issue (about two
+minutes), and prints what they were answered.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -28,8 +33,9 @@ from tests.api.strategies import bad_requests
 from tests.e2e.conftest import Fleet
 from tests.e2e.models import build_mlp
 
-BAD_SUBMISSIONS = 6_000
-BAD_READS = 4_000
+BAD_REQUESTS = int(os.environ.get("TFFLEET_BAD_REQUESTS", "2000"))
+BAD_SUBMISSIONS = BAD_REQUESTS * 3 // 5
+BAD_READS = BAD_REQUESTS - BAD_SUBMISSIONS
 
 
 def setup(database_url: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -88,7 +94,7 @@ class Load:
 
 # Hypothesis describes a failing example; a body of a megabyte makes a long description.
 @pytest.mark.filterwarnings("ignore:Generating overly large repr")
-def test_ten_thousand_bad_requests_under_load_get_4xx_and_store_nothing(
+def test_bad_requests_under_load_get_4xx_and_store_nothing(
     fleet_factory, tmp_path: Path
 ) -> None:
     database_url = f"sqlite:///{tmp_path / 'fuzz.db'}"
@@ -143,7 +149,7 @@ def test_ten_thousand_bad_requests_under_load_get_4xx_and_store_nothing(
         f"{sum(statuses.values())} bad requests in {took:.0f} s beside {len(load.ids)} jobs of "
         f"load: {dict(statuses)}"
     )
-    assert sum(statuses.values()) >= 10_000
+    assert sum(statuses.values()) >= BAD_REQUESTS
     assert not any(status >= 500 for status in statuses)
     assert jobs_of(database_url, "fuzz") == Counter()
     assert not load.errors, load.errors[:3]
