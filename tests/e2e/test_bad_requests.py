@@ -94,9 +94,7 @@ class Load:
 
 # Hypothesis describes a failing example; a body of a megabyte makes a long description.
 @pytest.mark.filterwarnings("ignore:Generating overly large repr")
-def test_bad_requests_under_load_get_4xx_and_store_nothing(
-    fleet_factory, tmp_path: Path
-) -> None:
+def test_bad_requests_under_load_get_4xx_and_store_nothing(fleet_factory, tmp_path: Path) -> None:
     database_url = f"sqlite:///{tmp_path / 'fuzz.db'}"
     upgrade(database_url)
     load_key, fuzz_key = setup(database_url)
