@@ -111,6 +111,9 @@ class Batcher:
     objects: Objects | None = None
     # Where transforms may read and write (tffleet.datasets.locations; None: get_settings()).
     settings: Settings | None = None
+    # Reads that take no lock (`db.engine.readonly`: on SQLite, no BEGIN IMMEDIATE, whose write
+    # lock a submission's insert would wait for); None: `sessions`.
+    reads: sessionmaker[Session] | None = None
     _heartbeat: Heartbeat = field(init=False, repr=False)
     _feeder_thread: ThreadPoolExecutor = field(init=False, repr=False)
     _writer_thread: ThreadPoolExecutor = field(init=False, repr=False)
@@ -205,7 +208,7 @@ class Batcher:
             self._queue_busy = feeder.queue_busy
         report = writer.report
         if following.draining:
-            drain.leave(named, task=task, sessions=self.sessions, wake=self.wake)
+            drain.leave(named, task=task, sessions=self._reads, wake=self.wake)
             self._keep_awake(task)  # for another worker
             return report
         # Named jobs still queued: the task ran out of batches or time, or its claim found them
@@ -222,13 +225,16 @@ class Batcher:
 
     def _keep_awake(self, task: Task) -> None:
         handoff.keep_awake(
-            model=task.model, version=task.version, sessions=self.sessions,
-            wake=self.wake_once,
-        )  # fmt: skip
+            model=task.model, version=task.version, sessions=self._reads, wake=self.wake_once
+        )
+
+    @property
+    def _reads(self) -> sessionmaker[Session]:
+        return self.reads or self.sessions
 
     def _feeder(self, task: Task, named: Sequence[str]) -> Feeder:
         return Feeder(
-            task=task, named=named, sessions=self.sessions, owner=self.owner,
+            task=task, named=named, sessions=self.sessions, reads=self._reads, owner=self.owner,
             lease_s=self.lease_s, heartbeat=self._heartbeat, notify=self.notify, wake=self.wake,
             peers=self.peers, draining=self.draining, queue_busy=self._queue_busy,
             objects=self.objects,
@@ -259,7 +265,7 @@ class Batcher:
         report = BatchReport()
         while retried:
             if self.draining():
-                drain.leave(retried, task=task, sessions=self.sessions, wake=self.wake)
+                drain.leave(retried, task=task, sessions=self._reads, wake=self.wake)
                 break
             lease, canceled = feeder.claim_retried(retried)
             if lease is None:

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import clock, jobs, presence
 from db import secrets as fleet_secrets
-from db.engine import make_engine, make_sessionmaker
+from db.engine import make_engine, make_sessionmaker, readonly
 from db.models import PresenceState
 from tffleet.broker import Publisher, queue_for
 from tffleet.devices import Device, cpu_threads_per_child, parse_devices, pin_environment
@@ -165,7 +165,7 @@ def init(app: Celery, *, nodename: str | None = None) -> None:
     # The task thread, the batch feeder and writer, the lease heartbeat, reports and rescans:
     # one connection each.
     engine = make_engine(settings.database_url, pool_size=6)
-    sessions = make_sessionmaker(engine)
+    sessions, reads = make_sessionmaker(engine), make_sessionmaker(readonly(engine))
     with sessions() as session:
         key = fleet_secrets.get(session=session, name=fleet_secrets.ANNOUNCEMENTS)
     # Signed: the API may answer a long-poll from a job this child announces whole.
@@ -182,13 +182,14 @@ def init(app: Celery, *, nodename: str | None = None) -> None:
     busy = BusyMeter()
     batcher = Batcher(
         sessions=sessions,
+        reads=reads,
         owner=owner,
         lease_s=settings.lease_s,
         notify=announce,
         wake=wake,
         wake_once=wake_once,
         device=str(device),
-        peers=Peers(sessions, child=owner, poll_s=settings.model_poll_s),
+        peers=Peers(reads, child=owner, poll_s=settings.model_poll_s),
         on_busy=lambda model, version, seconds: busy.add((model, version), seconds),
         # Opened once: inputs held in the store are read from it, large outputs written to it.
         objects=Objects(

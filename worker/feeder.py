@@ -60,6 +60,7 @@ class Feeder:
     task: Task
     named: Sequence[str]
     sessions: sessionmaker[Session]
+    reads: sessionmaker[Session]  # for what it only reads (no write lock on SQLite)
     owner: str
     lease_s: float
     heartbeat: Heartbeat
@@ -84,7 +85,7 @@ class Feeder:
             if set(after) >= set(self.named):
                 fresh = []
             else:
-                with self.sessions() as session:
+                with self.reads() as session:
                     fresh, retried = jobs.still_queued(session=session, job_ids=self.named)
             if not claim or not (fresh or self.queue_busy):
                 return Next(batch=None, fresh=fresh, retried=retried, stopped=True)
@@ -105,7 +106,7 @@ class Feeder:
         out, every child that takes a share claims at once, and only one claim in each round
         finds the shards (docs/how-to/benchmarks.md, "Transforms over files")."""
         for pause in _LOCKED_RETRY_S:
-            with self.sessions() as session:
+            with self.reads() as session:
                 fresh, retried = jobs.still_queued(session=session, job_ids=self.named)
             if not fresh or self.draining():
                 return Next(batch=None, fresh=fresh, retried=retried)
@@ -113,7 +114,7 @@ class Feeder:
             batch = self._claim_batch()
             if batch is not None:
                 return Next(batch=batch, fresh=list(self.named), retried=[])
-        with self.sessions() as session:
+        with self.reads() as session:
             fresh, retried = jobs.still_queued(session=session, job_ids=self.named)
         return Next(batch=None, fresh=fresh, retried=retried)
 
@@ -201,7 +202,7 @@ class Feeder:
         peers = self.peers(task.model, task.version)
         if peers <= 0:
             return False
-        with self.sessions() as session:
+        with self.reads() as session:
             if jobs.some_queued(session=session, model=task.model, version=task.version, limit=1):
                 return False
         (lease,) = leases
