@@ -190,10 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         label = "Client.get, 256x10 float32 output" if what == "fetch" else what
         (cpu0, wall0), (cpu1, wall1) = (api.ms(what) for api in apis)
         print(
-            f"  {label:<36} {cpu0:6.2f} -> {cpu1:6.2f} ({cpu1 / cpu0:4.2f}x) "
-            f"{wall0:6.2f} -> {wall1:6.2f} ({wall1 / wall0:4.2f}x)"
+            f"  {label:<36} {cpu0:6.2f} -> {cpu1:6.2f} ({_ratio(cpu1, cpu0)}) "
+            f"{wall0:6.2f} -> {wall1:6.2f} ({_ratio(wall1, wall0)})"
         )
     return 0
+
+
+def _ratio(value: float, base: float) -> str:
+    """`value / base`, or n/a: a few requests' CPU, read in clock ticks less a quiet spell's,
+    may come to nothing (`--quick` on a fast machine)."""
+    return f"{value / base:4.2f}x" if base > 0 else "  n/a"
 
 
 if __name__ == "__main__":
