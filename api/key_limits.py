@@ -26,6 +26,7 @@ a lost Redis must not stop the fleet from taking them.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -34,8 +35,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio.connection import Connection
 
 from db.key_limits import KeyLimits
 from db.tenants import Caller
@@ -50,6 +50,7 @@ RETRY_S = 2.0  # after Redis failed, how long the check passes without asking it
 WARN_EVERY_S = 30.0
 TIMEOUT_S = 0.25  # a Redis call that takes longer fails (open); tried twice at most
 _MAX_KEYS = 10_000  # keys whose local state a process keeps; the least recent go first
+_KEPT_MAX = 32  # connections to Redis kept between calls
 
 # KEYS[1]: the bucket, a hash of `tokens` and `at` (Redis's clock, seconds). ARGV: the rate
 # (tokens a second), the burst (what it holds at most), `need` (taken all or none), `extra` (as
@@ -78,6 +79,63 @@ return {granted, string.format('%.17g', tokens)}
 """
 
 
+class _Script:
+    """`await script(key, *args)`: EVALSHA of one Lua script with one key, on connections of its
+    own (redis-py's, kept in a free list: one per call in flight). The client's connection pool
+    and command layers cost a call about a third of its CPU (docs/how-to/benchmarks.md, "Usage
+    and limits"); here a call writes the command and reads its answer, under the connection's
+    timeouts. A connection that fails is dropped; a kept one Redis closed since is tried again
+    once, at once, on a new one. The script is loaded again when Redis lost it (a restart)."""
+
+    def __init__(self, url: str, script: str) -> None:
+        self._url, self._script = url, script
+        self._sha = hashlib.sha1(script.encode()).hexdigest()
+        self._client: redis.asyncio.Redis | None = None
+        self._free: list[Connection] = []
+
+    async def __call__(self, key: str, *args: object) -> Any:
+        if self._client is None:  # for its connections: the URL's settings, Sentinel's master
+            self._client = async_redis_client(
+                self._url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S
+            )
+        for kept in (bool(self._free), False):
+            conn = self._free.pop() if kept else self._client.connection_pool.make_connection()
+            try:
+                answer = await self._evalsha(conn, key, args)
+            except (redis.ConnectionError, OSError):
+                await conn.disconnect()
+                if kept:
+                    continue  # closed since it was last used
+                raise
+            except BaseException:
+                await conn.disconnect()
+                raise
+            if len(self._free) < _KEPT_MAX:
+                self._free.append(conn)
+            else:  # a burst of concurrent calls is over: keep a few of its connections
+                await conn.disconnect()
+            return answer
+        raise AssertionError("unreachable")  # the second try raises or returns
+
+    async def _evalsha(self, conn: Connection, key: str, args: tuple[object, ...]) -> Any:
+        await conn.send_command("EVALSHA", self._sha, 1, key, *args)
+        try:
+            return await conn.read_response()
+        except redis.exceptions.NoScriptError:
+            await conn.send_command("SCRIPT", "LOAD", self._script)
+            await conn.read_response()
+            await conn.send_command("EVALSHA", self._sha, 1, key, *args)
+            return await conn.read_response()
+
+    async def close(self) -> None:
+        free, self._free = self._free, []
+        for conn in free:
+            await conn.disconnect()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
 def check_model(caller: Caller, model: str, where: str = "model") -> None:
     """403 `model_not_allowed` naming the model unless the caller's key may use it."""
     allowed = caller.limits.models
@@ -103,9 +161,7 @@ class RateLimiter:
     """Each key's token bucket in Redis at `redis_url`: `await take(caller, n)`."""
 
     def __init__(self, redis_url: str) -> None:
-        self._url = redis_url
-        self._client: redis.asyncio.Redis | None = None
-        self._script: Any = None
+        self._redis = _Script(redis_url, _TAKE)
         self._local: OrderedDict[str, _Local] = OrderedDict()
         self._down_until = -float("inf")
         self._warned_at = -float("inf")
@@ -153,26 +209,15 @@ class RateLimiter:
         local.held_until = now + LEASE_S
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        await self._redis.close()
 
     async def _call(
         self, prefix: str, limits: KeyLimits, need: int, extra: int, back: int
     ) -> tuple[int, float]:
-        if self._client is None:
-            self._client = async_redis_client(
-                self._url,
-                socket_timeout=TIMEOUT_S,
-                socket_connect_timeout=TIMEOUT_S,
-                # Once more at once (a connection Redis closed since), never after a backoff.
-                retry=Retry(NoBackoff(), 1),
-            )
-            self._script = self._client.register_script(_TAKE)
-        granted, level = await self._script(
-            keys=[RATE_BUCKET_KEY.format(prefix=prefix)],
-            args=[repr(limits.rate_per_s), limits.burst, need, extra, back],
-        )
+        granted, level = await self._redis(
+            RATE_BUCKET_KEY.format(prefix=prefix),
+            repr(limits.rate_per_s), limits.burst, need, extra, back,
+        )  # fmt: skip
         return int(granted), float(level)
 
     def _state(self, prefix: str) -> _Local:

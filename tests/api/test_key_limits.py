@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import admission, key_limits
@@ -176,6 +177,27 @@ async def test_tokens_taken_ahead_never_let_processes_pass_more_than_the_rate(
 
     assert passed <= burst + rate * elapsed
     assert passed >= 0.8 * (burst + rate * 0.5) - 2 * burst / 10  # at most a lease each held
+
+
+async def test_the_bucket_holds_when_redis_lost_the_script_or_closed_the_connection(
+    redis_url: str,
+) -> None:
+    """The limiter keeps its own connections and calls the script by its hash: after Redis
+    lost its scripts (a restart, SCRIPT FLUSH) it loads it again, and a kept connection that
+    Redis closed meanwhile is replaced at once; no check fails open for either."""
+    caller = Caller("acme", key_prefix="b" * 12, limits=KeyLimits(rate_per_s=SLOW, rate_burst=3))
+    limiter = RateLimiter(redis_url)
+    try:
+        await limiter.take(caller, 1)
+        with redis.Redis.from_url(redis_url) as admin:
+            admin.script_flush()
+            await limiter.take(caller, 1)  # loaded again
+            admin.client_kill_filter(_type="normal", skipme=True)  # the limiter's connection
+            await limiter.take(caller, 1)  # a new connection
+        with pytest.raises(RateLimited):
+            await limiter.take(caller, 1)  # the burst of 3 is spent: each take reached Redis
+    finally:
+        await limiter.close()
 
 
 # On the API's own event loop (uvicorn runs uvloop): asyncio's own costs a Redis call ~25% more.
