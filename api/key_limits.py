@@ -98,24 +98,25 @@ class _Script:
             self._client = async_redis_client(
                 self._url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S
             )
-        for kept in (bool(self._free), False):
-            conn = self._free.pop() if kept else self._client.connection_pool.make_connection()
+        if self._free:
             try:
-                answer = await self._evalsha(conn, key, args)
+                return await self._on(self._free.pop(), key, args)
             except (redis.ConnectionError, OSError):
-                await conn.disconnect()
-                if kept:
-                    continue  # closed since it was last used
-                raise
-            except BaseException:
-                await conn.disconnect()
-                raise
-            if len(self._free) < _KEPT_MAX:
-                self._free.append(conn)
-            else:  # a burst of concurrent calls is over: keep a few of its connections
-                await conn.disconnect()
-            return answer
-        raise AssertionError("unreachable")  # the second try raises or returns
+                pass  # closed since it was last used: once more, on a new one
+        return await self._on(self._client.connection_pool.make_connection(), key, args)
+
+    async def _on(self, conn: Connection, key: str, args: tuple[object, ...]) -> Any:
+        """The call on `conn`, kept for the next one unless it failed (or enough are kept)."""
+        try:
+            answer = await self._evalsha(conn, key, args)
+        except BaseException:
+            await conn.disconnect()
+            raise
+        if len(self._free) < _KEPT_MAX:
+            self._free.append(conn)
+        else:  # a burst of concurrent calls is over: keep a few of its connections
+            await conn.disconnect()
+        return answer
 
     async def _evalsha(self, conn: Connection, key: str, args: tuple[object, ...]) -> Any:
         await conn.send_command("EVALSHA", self._sha, 1, key, *args)
