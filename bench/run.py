@@ -381,13 +381,16 @@ def sdk_bulk(fleet: Fleet, *, jobs: int) -> Result:
     inputs = list(np.random.default_rng(3).normal(size=(jobs, 1, MLP_IN)).astype(np.float32))
     with Client(fleet.url, api_key=fleet.api_key) as client:
         client.wait_all([j.id for j in client.submit_many("mlp", inputs[:64])])  # warm
+        spent = fleet.cpu.read() if fleet.cpu else None
         cpu, started = time.process_time(), time.perf_counter()
         submitted = client.submit_many("mlp", inputs)
         done = client.wait_all([job.id for job in submitted], progress=False)
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        if fleet.cpu and spent is not None:
+            spent = fleet_cpu.per_job(spent, fleet.cpu.read(), jobs)
     if not all(job.status == "succeeded" for job in done):
         raise RuntimeError("some bulk jobs did not succeed")
-    return Result(jobs / elapsed, client_cpu_ms=cpu / jobs * 1000)
+    return Result(jobs / elapsed, client_cpu_ms=cpu / jobs * 1000, fleet_cpu_ms=spent)
 
 
 def idle_latency(fleet: Fleet, *, jobs: int, one_request: bool = True) -> Result:
