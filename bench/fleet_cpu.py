@@ -35,6 +35,11 @@ def _stat(pid: int | str) -> tuple[str, list[str]] | None:
     return head.split("(", 1)[1], rest.split()
 
 
+def _processes() -> dict[int, tuple[str, list[str]]]:
+    """Every live process's name and stat fields, by pid."""
+    return {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(p))}
+
+
 def _cpu_s(fields: list[str]) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
 
@@ -48,7 +53,7 @@ class CpuMeter:
         self.postgres = postgres
 
     def read(self) -> dict[str, float]:
-        stats = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(p))}
+        stats = _processes()
         children: dict[int, list[int]] = {}
         for pid, (_, fields) in stats.items():
             children.setdefault(int(fields[1]), []).append(pid)
@@ -68,6 +73,11 @@ class CpuMeter:
                 _cpu_s(fields) for comm, fields in stats.values() if comm == "postgres"
             )
         return spent
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user and kernel) of `root` and every live process under it."""
+    return sum(CpuMeter([("tree", root)]).read().values())
 
 
 def per_job(before: Mapping[str, float], after: Mapping[str, float], jobs: int) -> dict[str, float]:

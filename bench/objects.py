@@ -44,6 +44,7 @@ import numpy as np
 import orjson
 from sqlalchemy import create_engine, text
 
+from bench.fleet_cpu import tree_cpu_s
 from bench.rawhttp import Connection, Response
 from bench.transport import SETTLE_S, api_cpu_s, forget, idle_cpu_s, register
 from tffleet import tensors
@@ -261,27 +262,6 @@ def run_api_cpu(
 
 
 # (2) 16 CNN jobs through a fleet, (3) what they leave in the database
-
-
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds (user and kernel) of `root` and every live process under it."""
-    parent, cpu = {}, {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        pid = int(entry.name)
-        parent[pid], cpu[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) * _TICK_S
-    total = 0.0
-    for pid, seconds in cpu.items():
-        up = pid
-        while up not in (root, 0, 1) and up in parent:
-            up = parent[up]
-        total += seconds if up == root else 0.0
-    return total
 
 
 @dataclass

@@ -225,6 +225,16 @@ class Fleet:
     async def connect(self, api_key: str | None = None) -> Connection:
         return await Connection.open("127.0.0.1", self.port, api_key=api_key or self.api_key)
 
+    def cpu_reading(self) -> dict[str, float] | None:
+        """What its processes spent so far (None without a meter), for `cpu_per_job`."""
+        return self.cpu.read() if self.cpu else None
+
+    def cpu_per_job(self, before: dict[str, float] | None, jobs: int) -> dict[str, float] | None:
+        """Milliseconds of CPU per job by process since `before` (`cpu_reading`)."""
+        if self.cpu is None or before is None:
+            return None
+        return fleet_cpu.per_job(before, self.cpu.read(), jobs)
+
 
 def start_fleet(
     group: ProcessGroup, repository: Path, redis_url: str, database_url: str, devices: str
@@ -309,12 +319,11 @@ def http_load(
                 await _submit_and_wait(conn, raw)
                 latencies.append(time.perf_counter() - started)
 
-        spent = fleet.cpu.read() if fleet.cpu else None
+        before = fleet.cpu_reading()
         cpu, started = time.process_time(), time.perf_counter()
         await asyncio.gather(*(client(conn) for conn in conns))
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-        if fleet.cpu and spent is not None:
-            spent = fleet_cpu.per_job(spent, fleet.cpu.read(), jobs)
+        spent = fleet.cpu_per_job(before, jobs)
         for conn in conns:
             await conn.close()
         return Result(
@@ -381,13 +390,12 @@ def sdk_bulk(fleet: Fleet, *, jobs: int) -> Result:
     inputs = list(np.random.default_rng(3).normal(size=(jobs, 1, MLP_IN)).astype(np.float32))
     with Client(fleet.url, api_key=fleet.api_key) as client:
         client.wait_all([j.id for j in client.submit_many("mlp", inputs[:64])])  # warm
-        spent = fleet.cpu.read() if fleet.cpu else None
+        before = fleet.cpu_reading()
         cpu, started = time.process_time(), time.perf_counter()
         submitted = client.submit_many("mlp", inputs)
         done = client.wait_all([job.id for job in submitted], progress=False)
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-        if fleet.cpu and spent is not None:
-            spent = fleet_cpu.per_job(spent, fleet.cpu.read(), jobs)
+        spent = fleet.cpu_per_job(before, jobs)
     if not all(job.status == "succeeded" for job in done):
         raise RuntimeError("some bulk jobs did not succeed")
     return Result(jobs / elapsed, client_cpu_ms=cpu / jobs * 1000, fleet_cpu_ms=spent)
@@ -645,6 +653,11 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
             return None
         return float((found[batch] if batch else found).rate)
 
+    def fleet_ms(key: str) -> float | None:
+        """The fleet's CPU per job in a load, every process summed."""
+        found = r.get(key)
+        return sum(found.fleet_cpu_ms.values()) if found and found.fleet_cpu_ms else None
+
     def samples(batch: int) -> Callable[[Any], str]:
         return lambda v: f"{v[batch].rate:9.0f} samples/s"
 
@@ -695,15 +708,13 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
         ("(6)/(2)        idle p50, POST then GET vs Celery", idle, celery_p50, "<= 1"),
         (
             "(3)            fleet CPU per job, ms (every process)",
-            sum(r["3on"].fleet_cpu_ms.values()) if r.get("3on") and r["3on"].fleet_cpu_ms else None,
+            fleet_ms("3on"),
             1.0,
             "<= 1.0 SQLite, 1.5 PostgreSQL",
         ),
         (
             "(3 one)        the same, POST ?wait=",
-            sum(r["3wait"].fleet_cpu_ms.values())
-            if r.get("3wait") and r["3wait"].fleet_cpu_ms
-            else None,
+            fleet_ms("3wait"),
             1.0,
             "<= 1.0 SQLite, 1.5 PostgreSQL",
         ),

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.objects import tree_cpu_s
+from bench.fleet_cpu import tree_cpu_s
 
 CNN_SHAPE, MLP_IN = (64, 64, 3), 1024
 CANDIDATES = (16, 32, 64, 128, 256, 512, 1024)
