@@ -17,6 +17,7 @@ from api import docs, openapi
 from api.admission import Admission
 from api.auth import Authenticator
 from api.autoscaling import AutoscalingCollector
+from api.hotpath import HotRoutes
 from api.ingest import Ingestor, JobReader
 from api.memory import keep_freed_memory
 from api.metrics import REQUESTS_REJECTED, exposition
@@ -172,6 +173,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _on_request_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(DBAPIError, _on_database_error)
+    app.add_middleware(HotRoutes)  # POST /v1/jobs and GET /v1/jobs/{id}, past the router
     app.openapi = openapi.with_body_schemas(  # type: ignore[method-assign]
         app, auth=settings.auth, metrics_public=settings.metrics_public
     )
