@@ -103,7 +103,7 @@ def _check_shape(
 def _decoded(value: Any, dtype: str) -> np.ndarray:
     """`value` as an array of the dtype it was sent in where `_cast` may take that one to
     `dtype`, else of `dtype` (the tensor functions refuse any other)."""
-    sent = value.dtype.name if isinstance(value, np.ndarray) else None
+    sent = tensors.dtype_name(value.dtype) if isinstance(value, np.ndarray) else None
     if isinstance(value, dict) and isinstance(value.get("dtype"), str):
         sent = value["dtype"]
     if sent is not None and sent != dtype and _castable(sent, dtype):
@@ -131,7 +131,7 @@ def _cast(array: np.ndarray, dtype: str, *, model: str, name: str) -> np.ndarray
     range is refused, as it is in nested lists. Rounding to float32's precision is the cast's
     point: the model computes in float32 anyway."""
     global _cast_logged
-    if array.dtype.name == dtype or tensors.is_string(array):
+    if tensors.dtype_name(array.dtype) == dtype or tensors.is_string(array):
         return array
     with np.errstate(over="ignore"):
         cast = array.astype(tensors.DTYPES[dtype])

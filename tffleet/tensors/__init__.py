@@ -21,6 +21,7 @@ from tffleet.tensors.arrays import (
     TensorError,
     as_bytes,
     batch_size,
+    dtype_name,
     is_string,
 )
 from tffleet.tensors.npy import (
@@ -55,6 +56,7 @@ __all__ = [
     "as_bytes",
     "batch_size",
     "decode",
+    "dtype_name",
     "encode",
     "from_array",
     "is_string",

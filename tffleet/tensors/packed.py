@@ -20,7 +20,15 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tffleet.tensors.arrays import DTYPES, STRING, TensorError, as_bytes, is_string, raw_bytes
+from tffleet.tensors.arrays import (
+    DTYPES,
+    STRING,
+    TensorError,
+    as_bytes,
+    dtype_name,
+    is_string,
+    raw_bytes,
+)
 
 _MAGIC = b"TFT1"
 _HEADER_LEN = struct.Struct("<I")
@@ -76,12 +84,12 @@ def pack(
     for name, array in tensors.items():
         if is_string(array):
             dtype, raw = STRING, _pack_strings(name, array)
-        elif array.dtype.name in DTYPES:
+        elif dtype_name(array.dtype) in DTYPES:
             # Not np.ascontiguousarray: it turns a 0-d array into shape (1,). No copy where it
             # is C-order little-endian already (a view of a request's body, say): the one copy
             # is the join below.
             data = array.astype(array.dtype.newbyteorder("<"), order="C", copy=False)
-            dtype, raw = data.dtype.name, raw_bytes(data)
+            dtype, raw = dtype_name(data.dtype), raw_bytes(data)
         else:
             raise TensorError(f"cannot pack {name!r}: dtype {array.dtype.name} is not supported")
         header.append(

@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 import pybase64  # SIMD base64: decoding a 12 MB tensor takes 2 ms, not 50
 
-from tffleet.tensors.arrays import DTYPES, STRING, TensorError, is_string, not_a_string
+from tffleet.tensors.arrays import (
+    DTYPES,
+    STRING,
+    TensorError,
+    dtype_name,
+    is_string,
+    not_a_string,
+)
 
 # Nesting deeper than this is no tensor (NumPy's own limit is 64 dimensions).
 _MAX_RANK = 32
@@ -207,7 +214,7 @@ def encode(array: np.ndarray, *, encoding: str = "json") -> Any:
         little = array.astype(array.dtype.newbyteorder("<"), copy=False)
         return {
             "b64": pybase64.b64encode(np.ascontiguousarray(little).tobytes()).decode("ascii"),
-            "dtype": array.dtype.name,
+            "dtype": dtype_name(array.dtype),
             "shape": list(array.shape),
         }
     return array.tolist()
