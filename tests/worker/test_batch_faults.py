@@ -235,12 +235,13 @@ def test_a_database_error_while_topping_up_hands_back_what_was_claimed(
     def flaky(**kwargs: Any) -> list[jobs.Lease]:
         nonlocal calls
         calls += 1
-        if calls == 1:  # the first claim takes two jobs; the next top-up finds the database gone
+        if calls == 1:  # the first claim takes two jobs; the top-up finds the database gone
             return real(**{**kwargs, "max_samples": 2})
         raise OperationalError("SELECT", {}, Exception("connection refused"))
 
     monkeypatch.setattr(jobs, "claim_next_fresh", flaky)
     faults = Faults(sessions)
+    faults.batcher._queue_busy = True  # as after a batch that found company: it tops up
 
     with pytest.raises(OperationalError):
         faults.run([named], FakeRunner(), policy())

@@ -349,6 +349,28 @@ def test_top_up_waits_at_most_max_queue_delay_while_busy(
     assert 0.1 <= elapsed < 2
 
 
+def test_while_busy_it_waits_for_company_by_reading_and_claims_once_at_the_end(
+    sessions: Sessions, batch: BatchRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_busy(sessions, batch)
+    named = submit(sessions, samples(1, seed=0))
+    claims: list[int] = []
+    real = jobs.claim_next_fresh
+
+    def counted(**kwargs: Any) -> list[jobs.Lease]:
+        claims.append(len(leases := real(**kwargs)))
+        return leases
+
+    monkeypatch.setattr(jobs, "claim_next_fresh", counted)
+
+    report = batch.run([named], FakeRunner(), policy(delay_ms=200))
+
+    # The first claim, and one at the end of the delay: a write transaction each (on SQLite
+    # the lock every insert waits for), not one per look at the queue.
+    assert report.claimed == 1
+    assert claims == [1, 0]
+
+
 def test_a_lone_job_at_idle_runs_at_once_without_waiting_for_company(
     sessions: Sessions, batch: BatchRun
 ) -> None:
