@@ -43,6 +43,22 @@ class SentinelGroup:
         return ";".join(parts) + f"/0?{query}"
 
     def start(self, *, timeout_s: float = 30.0) -> None:
+        """Start the five on free ports; again on others (three tries) where one of them was
+        taken between its pick and its server's bind (an outgoing connection of any process,
+        a sentinel's own among them, may get it as its local port)."""
+        for attempt in range(3):
+            try:
+                self._start(timeout_s)
+                return
+            except RuntimeError as exc:
+                if "Address already in use" not in str(exc) or attempt == 2:
+                    raise
+                self.stop()
+                for name in self.procs:
+                    (self.directory / f"{name}.log").unlink(missing_ok=True)
+                self.procs.clear()
+
+    def _start(self, timeout_s: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         for name in ("master", "replica", "sentinel0", "sentinel1", "sentinel2"):
             self.ports[name] = free_port()
