@@ -19,6 +19,7 @@ from tffleet.broker import (
     RUN_BATCH_TASK,
     VERSION_HEADER,
     Publisher,
+    fresh_channel,
     make_celery,
     queue_for,
     queue_lists,
@@ -189,6 +190,36 @@ def test_a_fresh_jobs_wake_up_is_left_out_while_one_for_its_version_waits_to_be_
         assert publisher.publish(model="once", version=1, job_ids=["g"], once=True)
         assert (client.llen(waiting), publisher.skipped) == (1, 2)
     finally:
+        client.close()
+
+
+def test_a_child_waiting_for_fresh_jobs_hears_them_and_a_once_wake_up_is_then_left_out(
+    redis_app: Celery, redis_url: str
+) -> None:
+    publisher = Publisher(redis_app)
+    waiting = wake_up_list(queue_for("heard"), PRIORITY_WAKE)
+    client = redis.Redis.from_url(redis_url)
+    ear = client.pubsub()
+    try:
+        ear.subscribe(fresh_channel("heard", 1))
+        assert ear.get_message(timeout=1)["type"] == "subscribe"  # type: ignore[index]
+
+        # The child claims these itself: no message.
+        assert publisher.publish(model="heard", version=1, job_ids=["a"], once=True)
+        assert (client.llen(waiting), publisher.heard, publisher.skipped) == (0, 1, 1)
+        # Heard and pushed: a wake-up that is not `once` (or names many jobs, to share out).
+        assert publisher.publish(model="heard", version=1, job_ids=["b"])
+        many = [f"m{n}" for n in range(ONCE_MAX_JOBS + 1)]
+        assert publisher.publish(model="heard", version=1, job_ids=many, once=True)
+        assert (client.llen(waiting), publisher.heard) == (2, 1)
+        # Not heard: another version's, and a taken-back job's (no claim of fresh jobs takes it).
+        assert publisher.publish(model="heard", version=2, job_ids=["c"], once=True)
+        assert publisher.publish(model="heard", version=1, job_ids=["d"], retry=True)
+        heard = [ear.get_message(timeout=1) for _ in range(3)]
+        assert [m["data"] for m in heard if m] == [b"1", b"1", b"1"]
+        assert ear.get_message(timeout=0.2) is None
+    finally:
+        ear.close()
         client.close()
 
 

@@ -63,13 +63,23 @@ PUBLISH_BACKOFF_S = 1.0
 ONCE_MAX_JOBS = 16
 # A wake-up names its model version in this header too, where the script below can see it.
 VERSION_HEADER = "tffleet_version"
-# Push a wake-up unless the newest message waiting in the list already wakes the same model
-# version: that one is still to be taken, so its task claims after these jobs were committed
-# (docs/explanation/guarantees.md, "Wake-ups"). Returns 1 when pushed, 0 when not.
-_PUSH_UNLESS_WAITING = """
-local newest = redis.call('LINDEX', KEYS[1], 0)
-if newest and string.find(newest, ARGV[2], 1, true) then
-    return 0
+# A wake-up of fresh jobs: tell a child whose task waits for more jobs of this model version (on
+# its `fresh_channel`, worker/linger.py), then push the message. With ARGV[3] == '1' (`once`),
+# push none when such a child heard (it claims the jobs itself), or when the newest message
+# waiting in the list already wakes the same model version: that one is still to be taken, so
+# its task claims after these jobs were committed (docs/explanation/guarantees.md, "Wake-ups").
+# Returns HEARD, PUSHED or 0 (neither).
+HEARD, PUSHED = 2, 1
+_WAKE = """
+local heard = redis.call('PUBLISH', KEYS[2], '1') > 0
+if ARGV[3] == '1' then
+    if heard then
+        return 2
+    end
+    local newest = redis.call('LINDEX', KEYS[1], 0)
+    if newest and string.find(newest, ARGV[2], 1, true) then
+        return 0
+    end
 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 return 1
@@ -79,6 +89,12 @@ return 1
 def queue_for(model: str) -> str:
     """One queue per model, so a worker can serve a subset of the fleet's models."""
     return f"{QUEUE_PREFIX}{model}"
+
+
+def fresh_channel(model: str, version: int) -> str:
+    """Where `publish(once=True)` tells a child waiting for fresh jobs of this model version
+    that some were committed (worker/linger.py)."""
+    return f"{QUEUE_PREFIX}fresh.{model}.{version}"
 
 
 def queue_lists(queue: str) -> list[str]:
@@ -167,8 +183,11 @@ class Publisher:
             retry=Retry(NoBackoff(), int(PUBLISH_RETRY_POLICY["max_retries"])),
         )
         self._origin = f"gen{os.getpid()}@{socket.gethostname()}"  # as Celery names a sender
-        self._push_unless_waiting = self._redis.register_script(_PUSH_UNLESS_WAITING)
-        self.skipped = 0  # wake-ups `once` left out: one for their version was waiting already
+        self._wake = self._redis.register_script(_WAKE)
+        # Wake-ups `once` left out: one for their version was waiting already, or a child
+        # waiting for more of it heard of them (`heard`).
+        self.skipped = 0
+        self.heard = 0
 
     def publish(
         self,
@@ -182,23 +201,29 @@ class Publisher:
         """Returns False (and logs) when the broker could not take the message, or failed one
         less than PUBLISH_BACKOFF_S ago (the jobs stay queued for the sweeper either way).
         `retry`: the jobs were taken back from a worker; their wake-up goes first.
+        A child whose task waits for more fresh jobs of the version hears of these (unless
+        `retry`) and claims them (worker/linger.py).
         `once`: the jobs are fresh (never claimed in this run), so any claim of their version
-        may take them: no message is pushed while one for that version waits to be taken
-        (unless it names more than ONCE_MAX_JOBS jobs). Under a steady stream of small jobs the
-        broker then carries about one message per task the workers run, not one per submission."""
+        may take them: no message is pushed while one for that version waits to be taken, or
+        when such a child heard of them, unless it names more than ONCE_MAX_JOBS jobs (a
+        message shares those out among idle children). Under a steady stream of small jobs the
+        broker then carries about one message per task the workers run, not one per
+        submission."""
         if time.monotonic() - self._failed_at < PUBLISH_BACKOFF_S:
             return False
         priority = PRIORITY_RETRY if retry else PRIORITY_WAKE
         queue = queue_for(model)
         try:
             message = self.wake_up(model=model, version=version, job_ids=job_ids, priority=priority)
-            if once and not retry and len(job_ids) <= ONCE_MAX_JOBS:
-                pushed = self._push_unless_waiting(
-                    keys=[wake_up_list(queue, priority)], args=[message, _marker(version)]
-                )
-                self.skipped += not pushed
-            else:
+            if retry:  # jobs that ran before: no claim of fresh jobs takes them
                 self._redis.lpush(wake_up_list(queue, priority), message)
+            else:
+                pushed = self._wake(
+                    keys=[wake_up_list(queue, priority), fresh_channel(model, version)],
+                    args=[message, _marker(version), int(once and len(job_ids) <= ONCE_MAX_JOBS)],
+                )
+                self.skipped += pushed != PUSHED
+                self.heard += pushed == HEARD
         except Exception as exc:  # redis raises many kinds; all mean "not published"
             log.warning(
                 "publish of %d %s jobs failed (%s); they stay queued", len(job_ids), model, exc

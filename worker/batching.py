@@ -36,6 +36,7 @@ from worker.drain import DRAIN, Drain, drain_bound_s
 from worker.feeder import Feeder, Next
 from worker.handoff import Wake
 from worker.heartbeat import Heartbeat, Running
+from worker.linger import Listener
 from worker.objects import Objects
 from worker.pipeline import BatchPolicy, Decoded, Ran, Runner, Task
 from worker.transform import ShardRunner
@@ -114,6 +115,9 @@ class Batcher:
     # Reads that take no lock (`db.engine.readonly`: on SQLite, no BEGIN IMMEDIATE, whose write
     # lock a submission's insert would wait for); None: `sessions`.
     reads: sessionmaker[Session] | None = None
+    # Hears of fresh jobs of a task's version while its queue is dry, for the task to run them
+    # instead of ending (worker/linger.py); None: a task ends when its queue is dry.
+    listener: Listener | None = None
     _heartbeat: Heartbeat = field(init=False, repr=False)
     _feeder_thread: ThreadPoolExecutor = field(init=False, repr=False)
     _writer_thread: ThreadPoolExecutor = field(init=False, repr=False)
@@ -194,6 +198,9 @@ class Batcher:
                 if batch.leases:
                     writer.submit(self._forward(task, batch))
                 following, pending = pending.result(), None
+                # A batch heard of at the dry queue's end is no extra batch of this message's:
+                # the task goes on with those while its budget of time lasts.
+                batches += following.heard
                 if following.batch is not None and self.draining():
                     drain.put_back(
                         following.batch.leases, task=task, named=named, sessions=self.sessions,
@@ -237,7 +244,7 @@ class Batcher:
             task=task, named=named, sessions=self.sessions, reads=self._reads, owner=self.owner,
             lease_s=self.lease_s, heartbeat=self._heartbeat, notify=self.notify, wake=self.wake,
             peers=self.peers, draining=self.draining, queue_busy=self._queue_busy,
-            objects=self.objects,
+            objects=self.objects, listener=self.listener,
         )  # fmt: skip
 
     def _writer(self, task: Task) -> Writer:

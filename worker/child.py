@@ -33,6 +33,7 @@ from worker import transform_warm
 from worker.announcer import Announcer
 from worker.batching import Batcher, BatchReport
 from worker.busy import BusyMeter
+from worker.linger import Listener
 from worker.model_set import ModelSet
 from worker.objects import Objects
 from worker.orphans import owner_prefix
@@ -191,6 +192,7 @@ def init(app: Celery, *, nodename: str | None = None) -> None:
         device=str(device),
         peers=Peers(reads, child=owner, poll_s=settings.model_poll_s),
         on_busy=lambda model, version, seconds: busy.add((model, version), seconds),
+        listener=Listener.connect(settings.broker_url),
         # Opened once: inputs held in the store are read from it, large outputs written to it.
         objects=Objects(
             open_store(settings.object_store), inline_max_bytes=settings.inline_max_bytes

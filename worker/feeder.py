@@ -28,6 +28,7 @@ from worker import handoff, metrics, objects, pipeline, transform_spec
 from worker.announcer import Notify
 from worker.handoff import Wake
 from worker.heartbeat import Heartbeat
+from worker.linger import Listener
 from worker.objects import Fetched, Objects
 from worker.pipeline import Decoded, Task
 from worker.retry import INFRA_ERRORS
@@ -54,6 +55,8 @@ class Next:
     # of batches or time.
     stopped: bool = False
     draining: bool = False  # the worker is shutting down: nothing was claimed
+    # The batch was claimed after the queue ran dry, on hearing of fresh jobs (worker/linger.py).
+    heard: bool = False
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Feeder:
     queue_busy: bool = False
     # The child's object store, for inputs held there (None: every input is inline).
     objects: Objects | None = None
+    # Hears of fresh jobs of the task's version while the queue is dry (None: the task ends).
+    listener: Listener | None = None
 
     def next(self, *, after: Sequence[str] | None, claim: bool) -> Next:
         """Claim and decode the task's next batch while the jobs the message named wait, or
@@ -91,13 +96,26 @@ class Feeder:
                 with self.reads() as session:
                     fresh, retried = jobs.still_queued(session=session, job_ids=self.named)
             if not claim or not (fresh or self.queue_busy):
-                return Next(batch=None, fresh=fresh, retried=retried, stopped=True)
+                batch = self._claim_batch() if claim and self._heard(retried) else None
+                stopped = batch is None
+                return Next(batch, fresh, retried, stopped=stopped, heard=not stopped)
         if self.draining():
             return Next(batch=None, fresh=fresh, retried=retried, draining=True)
         batch = self._claim_batch()
         if batch is None and after is None:
             return self._claim_again()
+        if batch is None and claim and self._heard(retried):
+            batch = self._claim_batch()
+            return Next(batch=batch, fresh=fresh, retried=retried, heard=batch is not None)
         return Next(batch=batch, fresh=fresh, retried=retried)
+
+    def _heard(self, retried: Sequence[str]) -> bool:
+        """Whether fresh jobs of the task's version came in the moment it waits for them
+        (worker/linger.py), the queue dry; not while named jobs claimed before wait to run
+        alone, nor once the worker is shutting down."""
+        if self.listener is None or retried or self.draining():
+            return False
+        return self.listener.wait(self.task.model, self.task.version)
 
     def _claim_again(self) -> Next:
         """The task's first claim found nothing. Where the message's named jobs are still queued

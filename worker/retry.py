@@ -33,8 +33,10 @@ Every path by which a job runs again
    it (worker/objects.py). A transform's shard whose file or part the store does not serve goes
    back the same way, its part left unwritten (worker/transform.py); so does one running when
    the worker begins its warm shutdown, stopped at a batch boundary.
-7. A wake-up was lost. (A submission that publishes none, as one for its version waits, is
-   not lost: docs/explanation/guarantees.md, "Wake-ups".) The submit's publish fails fast
+7. A wake-up was lost. (A submission that publishes none, as one for its version waits or a
+   child waiting for more of its version heard of it, is not lost: docs/explanation/
+   guarantees.md, "Wake-ups"; worker/linger.py. A child that dies between hearing and claiming
+   leaves its jobs to the republish below.) The submit's publish fails fast
    (`PUBLISH_RETRY_POLICY` in tffleet/broker.py: the job is durable already), or Redis lost
    the message: the sweeper publishes again every queued job whose last wake-up is older than
    `TFFLEET_REPUBLISH_AFTER_S` (`db.jobs.stale_queued`).

@@ -1,0 +1,98 @@
+"""worker/linger.py: a task whose queue ran dry listens a moment for fresh jobs of its version,
+and runs those it hears of itself, with no message pushed for them; on the real Redis."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy.orm import Session, sessionmaker
+
+from tests.worker.test_batching import FakeRunner, assert_own_outputs, policy, samples, submit
+from tffleet.broker import PRIORITY_WAKE, Publisher, make_celery, queue_for, wake_up_list
+from tffleet.settings import Settings
+from worker.batching import Batcher
+from worker.linger import Listener
+
+Sessions = sessionmaker[Session]
+
+
+@pytest.fixture
+def publisher(redis_url: str) -> Publisher:
+    app: Celery = make_celery(Settings(broker_url=redis_url))
+    return Publisher(app)
+
+
+@pytest.fixture
+def listener(redis_url: str) -> Listener:
+    return Listener.connect(redis_url)
+
+
+def test_a_publish_while_it_listens_is_heard_at_once(
+    listener: Listener, publisher: Publisher
+) -> None:
+    later = threading.Timer(
+        0.1, lambda: publisher.publish(model="m", version=1, job_ids=["a"], once=True)
+    )
+    later.start()
+
+    assert listener.wait("m", 1, seconds=30)
+    later.join()
+    assert publisher.heard == 1
+
+
+def test_nothing_published_for_its_version_is_not_heard(
+    listener: Listener, publisher: Publisher, redis_url: str
+) -> None:
+    publisher.publish(model="m", version=2, job_ids=["a"], once=True)
+
+    assert not listener.wait("m", 1, seconds=0.2)
+    # Not listening any more: the next wake-up of version 1 is a message.
+    assert publisher.publish(model="m", version=1, job_ids=["b"], once=True)
+    assert publisher.heard == 0
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.llen(wake_up_list(queue_for("m"), PRIORITY_WAKE)) == 2
+
+
+def test_a_redis_that_fails_under_it_counts_as_heard_for_the_claim_to_decide() -> None:
+    assert Listener.connect("redis://127.0.0.1:1/0").wait("m", 1, seconds=0.2)
+
+
+def test_a_task_runs_the_jobs_it_hears_of_after_its_queue_ran_dry_and_no_message_is_pushed(
+    sessions: Sessions, listener: Listener, publisher: Publisher, redis_url: str
+) -> None:
+    first, second = samples(1, seed=0), samples(1, seed=1)
+    named = submit(sessions, first)
+    arrived: list[str] = []
+
+    def arrive() -> None:  # as the API does: the row committed, then the wake-up published
+        arrived.append(submit(sessions, second))
+        publisher.publish(model="m", version=1, job_ids=arrived, once=True)
+
+    batcher = Batcher(sessions=sessions, owner="t1", lease_s=30, notify=lambda _: None)
+    batcher.listener = listener
+    later = threading.Timer(0.02, arrive)  # within LINGER_S of the first batch
+    later.start()
+    report = batcher.run(
+        model="m", version=1, job_ids=[named], runner=FakeRunner(), policy=policy()
+    )
+    later.join()
+
+    assert report.claimed == 2 and publisher.heard == 1
+    assert_own_outputs(sessions, named, first)
+    assert_own_outputs(sessions, arrived[0], second)
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.llen(wake_up_list(queue_for("m"), PRIORITY_WAKE)) == 0
+
+
+def test_a_task_without_a_listener_ends_when_its_queue_runs_dry(sessions: Sessions) -> None:
+    named = submit(sessions, samples(1, seed=0))
+    batcher = Batcher(sessions=sessions, owner="t1", lease_s=30, notify=lambda _: None)
+
+    report = batcher.run(
+        model="m", version=1, job_ids=[named], runner=FakeRunner(), policy=policy()
+    )
+
+    assert report.claimed == 1
