@@ -115,7 +115,15 @@ class Feeder:
         alone, nor once the worker is shutting down."""
         if self.listener is None or retried or self.draining():
             return False
-        return self.listener.wait(self.task.model, self.task.version)
+        model, version = self.task.model, self.task.version
+
+        def waiting() -> bool:
+            with self.reads() as session:
+                return bool(
+                    jobs.some_queued(session=session, model=model, version=version, limit=1)
+                )
+
+        return self.listener.wait(model, version, waiting=waiting)
 
     def _claim_again(self) -> Next:
         """The task's first claim found nothing. Where the message's named jobs are still queued

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import redis
 
@@ -47,14 +48,18 @@ class Listener:
     def connect(cls, broker_url: str) -> Listener:
         return cls(redis_client(broker_url, socket_timeout=5))
 
-    def wait(self, model: str, version: int, *, seconds: float = LINGER_S) -> bool:
-        """Whether fresh jobs of this model version were published in the next `seconds` (True
-        as soon as one was; True too where Redis failed, for the claim to decide)."""
+    def wait(
+        self, model: str, version: int, *, waiting: Callable[[], bool], seconds: float = LINGER_S
+    ) -> bool:
+        """Whether fresh jobs of this model version wait: `waiting()` (read once subscribed, so
+        that a job committed after it is one whose publish comes after the subscription), or
+        one published in the next `seconds` (True as soon as one was; True too where Redis
+        failed, for the claim to decide)."""
         channel = fresh_channel(model, version)
         try:
             pubsub = self._pubsub = self._pubsub or self._client.pubsub()
             pubsub.subscribe(channel)
-            heard = False
+            heard = waiting()
             deadline = time.monotonic() + seconds
             while not heard and (left := deadline - time.monotonic()) > 0:
                 message = pubsub.get_message(timeout=left)
@@ -69,6 +74,9 @@ class Listener:
             log.warning("listening for fresh %s jobs failed (%s); claiming to see", model, exc)
             self.close()
             return True
+        except BaseException:  # `waiting()`'s: no subscription outlives the wait
+            self.close()
+            raise
 
     def close(self) -> None:
         pubsub, self._pubsub = self._pubsub, None

@@ -4,10 +4,12 @@ and runs those it hears of itself, with no message pushed for them; on the real 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import redis
 from celery import Celery
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tests.worker.test_batching import FakeRunner, assert_own_outputs, policy, samples, submit
@@ -38,7 +40,7 @@ def test_a_publish_while_it_listens_is_heard_at_once(
     )
     later.start()
 
-    assert listener.wait("m", 1, seconds=30)
+    assert listener.wait("m", 1, waiting=lambda: False, seconds=30)
     later.join()
     assert publisher.heard == 1
 
@@ -48,7 +50,7 @@ def test_nothing_published_for_its_version_is_not_heard(
 ) -> None:
     publisher.publish(model="m", version=2, job_ids=["a"], once=True)
 
-    assert not listener.wait("m", 1, seconds=0.2)
+    assert not listener.wait("m", 1, waiting=lambda: False, seconds=0.2)
     # Not listening any more: the next wake-up of version 1 is a message.
     assert publisher.publish(model="m", version=1, job_ids=["b"], once=True)
     assert publisher.heard == 0
@@ -57,7 +59,25 @@ def test_nothing_published_for_its_version_is_not_heard(
 
 
 def test_a_redis_that_fails_under_it_counts_as_heard_for_the_claim_to_decide() -> None:
-    assert Listener.connect("redis://127.0.0.1:1/0").wait("m", 1, seconds=0.2)
+    listener = Listener.connect("redis://127.0.0.1:1/0")
+    assert listener.wait("m", 1, waiting=lambda: False, seconds=0.2)
+
+
+def test_jobs_waiting_already_are_seen_at_once_and_a_failed_look_leaves_no_subscription(
+    listener: Listener, publisher: Publisher
+) -> None:
+    started = time.monotonic()
+    assert listener.wait("m", 1, waiting=lambda: True, seconds=30)
+    assert time.monotonic() - started < 5
+
+    def fails() -> bool:
+        raise OperationalError("SELECT", {}, Exception("the database is away"))
+
+    with pytest.raises(OperationalError):
+        listener.wait("m", 1, waiting=fails)
+    # Nobody listens: the next wake-up is a message, not a publish heard by no one.
+    assert publisher.publish(model="m", version=1, job_ids=["a"], once=True)
+    assert publisher.heard == 0
 
 
 def test_a_task_runs_the_jobs_it_hears_of_after_its_queue_ran_dry_and_no_message_is_pushed(
@@ -96,3 +116,19 @@ def test_a_task_without_a_listener_ends_when_its_queue_runs_dry(sessions: Sessio
     )
 
     assert report.claimed == 1
+
+
+def test_jobs_queued_already_run_in_the_task_without_a_publish_to_hear(
+    sessions: Sessions, listener: Listener
+) -> None:
+    # One sample a batch: each claim takes one job, and the queue never looks busy.
+    queued = [submit(sessions, samples(1, seed=i)) for i in range(3)]
+    batcher = Batcher(sessions=sessions, owner="t1", lease_s=30, notify=lambda _: None)
+    batcher.listener = listener
+
+    report = batcher.run(
+        model="m", version=1, job_ids=queued[:1], runner=FakeRunner(),
+        policy=policy(max_batch_size=1, buckets=(1,)),
+    )  # fmt: skip
+
+    assert report.claimed == 3
