@@ -290,12 +290,11 @@ async def test_an_unknown_model_or_version_is_404(
     assert_nothing_left(sessions, broker)
 
 
+@pytest.mark.parametrize("query", ["priority=5", "wait=1&priority=5", "pri%6Frity=5"])
 async def test_a_json_body_with_the_binary_query_parameters_is_422(
-    client: httpx.AsyncClient, sessions: Sessions, broker: redis.Redis
+    client: httpx.AsyncClient, sessions: Sessions, broker: redis.Redis, query: str
 ) -> None:
-    response = await client.post(
-        "/v1/jobs", params={"priority": "5"}, json={"model": "mlp", "inputs": X.tolist()}
-    )
+    response = await client.post(f"/v1/jobs?{query}", json={"model": "mlp", "inputs": X.tolist()})
 
     assert_refused(
         response, 422, "invalid_input", "priority: a query parameter only with a binary body",
