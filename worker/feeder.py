@@ -269,7 +269,8 @@ class Feeder:
             more = self._top_up(leases)
             leases.extend(more)
             topped_up = topped_up or bool(more)
-        self.queue_busy = topped_up
+        if leases:  # a claim that found nothing is no batch: the last one's company still counts
+            self.queue_busy = topped_up
 
     def _wait_for_company(self, room: int, deadline: float) -> None:
         """Until `deadline`, or until at least `room` jobs wait (each holds a sample or more: the
