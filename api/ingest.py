@@ -77,12 +77,23 @@ _MAX_UNITS = 2048
 _BYTES_PER_UNIT = 8 * 1024
 
 
-def _units(request: Sequence[jobs.NewJob]) -> int:
-    return max(len(request), sum(len(job.inputs) for job in request) // _BYTES_PER_UNIT)
+@dataclass(frozen=True)
+class Submission:
+    """One request's new jobs. `placed`: answered with where its queued jobs stand; False for a
+    request that waits for its jobs (`POST ?wait=`), which reads them again if the wait ends
+    with one still queued: the read is saved where they end within it."""
+
+    new: Sequence[jobs.NewJob]
+    placed: bool = True
 
 
-class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
-    """`await ingestor(new_jobs)` -> `Ingested`, or the error (409, say) to answer with.
+def _units(request: Submission) -> int:
+    return max(len(request.new), sum(len(job.inputs) for job in request.new) // _BYTES_PER_UNIT)
+
+
+class Ingestor(Coalescer[Submission, Ingested]):
+    """`await ingestor(Submission(new_jobs))` -> `Ingested`, or the error (409, say) to answer
+    with.
 
     A request's jobs carry an idempotency key or none do. Keyed requests share the transaction
     through `db.jobs.create_idempotent`, which never fails one request for another's key.
@@ -103,17 +114,20 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
         self._publisher = publisher
         self.recent = recent or Recent()
 
-    def _write(self, requests: Sequence[Sequence[jobs.NewJob]]) -> list[Ingested | BaseException]:
+    def _write(self, submissions: Sequence[Submission]) -> list[Ingested | BaseException]:
+        requests = [s.new for s in submissions]
+        unplaced = {i for i, s in enumerate(submissions) if not s.placed}
         owned = {job.id: own for r in requests for job in r if (own := _own_keys(job))}
         try:
-            return self._store(requests, owned, claim_first=True)
+            return self._store(requests, owned, unplaced, claim_first=True)
         except _Late:  # rolled back: sorted out request by request (rare: a grace nearly over)
-            return self._store(requests, owned, claim_first=False)
+            return self._store(requests, owned, unplaced, claim_first=False)
 
     def _store(
         self,
         requests: Sequence[Sequence[jobs.NewJob]],
         owned: dict[str | None, list[str]],
+        unplaced: set[int],
         *,
         claim_first: bool,
     ) -> list[Ingested | BaseException]:
@@ -176,13 +190,15 @@ class Ingestor(Coalescer[Sequence[jobs.NewJob], Ingested]):
             JOBS_SUBMITTED.labels(model=model).inc(len(ids))
             if not self._publisher.publish(model=model, version=version, job_ids=ids, once=True):
                 PUBLISH_FAILURES.inc()
-        self._place(stored, [result for result in results.values() if isinstance(result, Ingested)])
+        placed = [r for i, r in results.items() if isinstance(r, Ingested) and i not in unplaced]
+        self._place(stored, placed)
         return [results[i] for i in range(len(requests))]
 
     def _place(self, stored: list[Any], answers: list[Ingested]) -> None:
-        """Where the queued jobs stand, read once they are committed and published (a worker
-        that took one meanwhile leaves it with no position)."""
-        queued = [job for job in stored if job.status == JobStatus.QUEUED.value]
+        """Where the queued jobs of `answers` stand, read once they are committed and published
+        (a worker that took one meanwhile leaves it with no position)."""
+        shown = {out["id"] for answer in answers for out in answer.jobs}
+        queued = [job for job in stored if job.status == JobStatus.QUEUED.value and job.id in shown]
         if not queued:
             return
         try:

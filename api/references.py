@@ -31,7 +31,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from api import npz_uploads, writeahead
 from api.body import by_reference_problem, npy_stream, read_bytes
-from api.ingest import Ingested
+from api.ingest import Ingested, Submission
 from api.schemas import JobCreate
 from api.state import AppState
 from api.validation import validate_inputs
@@ -274,9 +274,12 @@ def _content(
     return digest.digest()
 
 
-async def ingest(state: AppState, new: Sequence[jobs.NewJob], staged: Staged) -> Ingested:
-    """Write the staged objects, then store the jobs (`state.ingestor`). A store that fails
-    is 503 with nothing stored; objects of jobs that end up not stored are deleted."""
+async def ingest(
+    state: AppState, new: Sequence[jobs.NewJob], staged: Staged, *, placed: bool = True
+) -> Ingested:
+    """Write the staged objects, then store the jobs (`state.ingestor`; `placed` as
+    `api.ingest.Submission` says). A store that fails is 503 with nothing stored; objects of
+    jobs that end up not stored are deleted."""
     written: list[str] = []
     try:
         await writeahead.write_ahead(state, [key for job in staged.objects.values() for key in job])
@@ -284,7 +287,7 @@ async def ingest(state: AppState, new: Sequence[jobs.NewJob], staged: Staged) ->
             for key, data in objects_of_job.items():
                 await state.objects.put_async(key, data)
                 written.append(key)
-        ingested = await state.ingestor(new)
+        ingested = await state.ingestor(Submission(new, placed))
     except BaseException:
         await _discard(state, written + [key for keys_ in staged.written.values() for key in keys_])
         raise

@@ -298,6 +298,10 @@ async def wait_for(
             if ended_now and until == "any":
                 break
             pending -= ended_now
+        if outs is known and pending:
+            # As stored and never read since: where the unfinished ones stand is read now (a
+            # submission that waits is stored without it, api.ingest.Submission).
+            outs = await state.reader(read)
         return outs
 
 

@@ -156,9 +156,9 @@ async def run_job(
     else:
         new = await run_in_threadpool(check, cancel_after_s=cancel_after_s)
     await state.admission.admit(len(new), tenant=caller.tenant, limits=limits, caller=caller)
-    ingested = await references.ingest(state, new, staged)
-    job_id = ingested.jobs[0]["id"]
     wait_s = state.settings.protocol_wait_s if wait_s is None else wait_s
+    ingested = await references.ingest(state, new, staged, placed=wait_s <= 0)
+    job_id = ingested.jobs[0]["id"]
     try:
         (out,) = await wait_for(
             state, caller, [job_id], wait_s=wait_s, encoding=BLOB, until="all",

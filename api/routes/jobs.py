@@ -151,7 +151,7 @@ async def submit(
         else:
             new = await run_in_threadpool(check, caller, limits, key)
         await state.admission.admit(len(new), tenant=caller.tenant, limits=limits, caller=caller)
-        ingested = await references.ingest(state, new, staged)
+        ingested = await references.ingest(state, new, staged, placed=wait <= 0)
     except BaseException:
         await references.discard(state, staged)  # a streamed body no job came of
         raise

@@ -476,9 +476,9 @@ async def test_a_retention_out_of_range_is_422_naming_ttl_s(
 
 
 def test_a_transaction_takes_many_small_submissions_but_only_one_large_one() -> None:
-    def request(count: int, nbytes: int) -> list[jobs.NewJob]:
+    def request(count: int, nbytes: int) -> ingest.Submission:
         job = jobs.NewJob(model="m", version=1, samples=1, inputs=b"\0" * nbytes)
-        return [job] * count
+        return ingest.Submission([job] * count)
 
     small, large = request(256, 4096), request(1, 12 * 2**20)  # a CNN job of 256 images
 

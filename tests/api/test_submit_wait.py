@@ -105,6 +105,27 @@ async def test_submit_with_wait_gives_up_after_wait_seconds_with_the_job_queued(
     assert response.status_code == 202
     assert response.json()["status"] == "queued" and response.json()["outputs"] is None
     assert 0.45 <= time.monotonic() - started < 5  # the wait, not the re-check or a default
+    # Stored without its place (it was waited for), read again as the wait ended queued.
+    assert response.json()["queue_position"] == 0  # none ahead of it
+
+
+async def test_a_wait_over_before_it_began_still_shows_where_the_job_stands(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from api import submission
+
+    real = submission.wait_for
+
+    async def late(*args: Any, **kwargs: Any) -> Any:  # as if the store took the whole wait
+        return await real(*args, **{**kwargs, "wait_s": 1e-9})
+
+    monkeypatch.setattr(submission, "wait_for", late)
+    monkeypatch.setattr("api.routes.jobs.wait_for", late)
+
+    response = await api.client.post("/v1/jobs", params={"wait": "5"}, json=BODY)
+
+    assert response.json()["status"] == "queued"
+    assert response.json()["queue_position"] == 0  # none ahead of it
 
 
 async def test_bulk_submit_with_wait_holds_until_every_job_ended(api: Api, worker: Any) -> None:

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import references, writeahead
-from api.ingest import Ingested
+from api.ingest import Ingested, Submission
 from db import clock, jobs, objects
 from db.ids import new_job_id
 from db.models import ObjectGarbage, Upload
@@ -198,7 +198,8 @@ async def test_a_late_request_that_shares_a_transaction_is_refused_alone(
     also_in_time, _ = streamed_job(small_inline, now + timedelta(hours=1))
 
     answers = await asyncio.to_thread(
-        small_inline.state.ingestor._write, [[in_time], [late], [also_in_time]]
+        small_inline.state.ingestor._write,
+        [Submission([in_time]), Submission([late]), Submission([also_in_time])],
     )
 
     stored, refused, also_stored = answers
