@@ -94,7 +94,7 @@ def queue_for(model: str) -> str:
 def fresh_channel(model: str, version: int) -> str:
     """Where `publish(once=True)` tells a child waiting for fresh jobs of this model version
     that some were committed (worker/linger.py)."""
-    return f"{QUEUE_PREFIX}fresh.{model}.{version}"
+    return f"tffleet:fresh:{model}:{version}"  # as the other channels are named (constants.py)
 
 
 def queue_lists(queue: str) -> list[str]:
