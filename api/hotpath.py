@@ -3,7 +3,7 @@ their route functions, past FastAPI's router and request wrappers.
 
 FastAPI tries a request against every route included before the one it is for, then wraps the
 call in its exception and exit-stack layers and checks the query parameters with pydantic:
-140 to 180 us of CPU per request for these two, a sixth of a one-job submission's and a quarter
+140 to 180 us of CPU per request for these two, an eighth of a one-job submission's and a quarter
 of a poll's (`bench/hotpath.py` prints both ways). Here a request of theirs goes to the
 same function (`api.routes.jobs.submit`, `get_job`) and its errors through the app's own
 exception handlers, as the router would send them.
