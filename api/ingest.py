@@ -9,7 +9,8 @@ an Idempotency-Key that finds its jobs already stored publishes nothing.
 
 Both show a queued job's `queue_position` and `eta_s` (`db.standing.place`: a statement per job,
 or one per model version for many), read after the commit for a submission, through a read
-session (on SQLite no write lock is taken for it).
+session (on SQLite no write lock is taken for it); not for a submission that waits for its jobs
+(`Submission.placed`), whose wait reads them again if they are still queued at its end.
 
 What a plain submission costs the database: its INSERTs, one DELETE ... RETURNING that claims
 the objects written ahead of it (if any; api/writeahead.py), the commit, and the position read.
