@@ -117,15 +117,19 @@ class Feeder:
         alone, nor once the worker is shutting down."""
         if self.listener is None or retried or self.draining():
             return False
-        model, version = self.task.model, self.task.version
+        return self.listener.wait(
+            self.task.model, self.task.version, waiting=lambda: self._waiting(1) > 0
+        )
 
-        def waiting() -> bool:
-            with self.reads() as session:
-                return bool(
-                    jobs.some_queued(session=session, model=model, version=version, limit=1)
-                )
-
-        return self.listener.wait(model, version, waiting=waiting)
+    def _waiting(self, up_to: int) -> int:
+        """How many fresh jobs of the task's version are queued, counted up to `up_to`: a read,
+        which takes no lock (a claim is a write transaction)."""
+        task = self.task
+        with self.reads() as session:
+            found = jobs.some_queued(
+                session=session, model=task.model, version=task.version, limit=up_to
+            )
+        return len(found)
 
     def _claim_again(self) -> Next:
         """The task's first claim found nothing. Where the message's named jobs are still queued
@@ -233,9 +237,8 @@ class Feeder:
         peers = self.peers(task.model, task.version)
         if peers <= 0:
             return False
-        with self.reads() as session:
-            if jobs.some_queued(session=session, model=task.model, version=task.version, limit=1):
-                return False
+        if self._waiting(1):
+            return False
         (lease,) = leases
         with self.sessions.begin() as session:
             ids = parts.split(
@@ -285,11 +288,7 @@ class Feeder:
             pause = min(2 * pause, _COMPANY_POLL_MAX_S)
             if time.monotonic() >= deadline:
                 return
-            with self.reads() as session:
-                waiting = jobs.some_queued(
-                    session=session, model=self.task.model, version=self.task.version, limit=room
-                )
-            if len(waiting) >= room:
+            if self._waiting(room) >= room:
                 return
 
     def _room(self, leases: Sequence[Lease]) -> int:
