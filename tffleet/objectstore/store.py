@@ -19,6 +19,7 @@ job left queued).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -65,7 +66,7 @@ def _translated(key: str) -> Iterator[None]:
     except (FileNotFoundError, NotFoundError):
         raise ObjectMissing(key) from None
     except (BaseError, OSError) as exc:
-        raise StoreUnavailable(f"object store: {type(exc).__name__}: {_first_line(exc)}") from exc
+        raise _unavailable(exc) from exc
 
 
 class _SourceFailed(Exception):
@@ -87,6 +88,10 @@ async def _source(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         except Exception as exc:
             raise _SourceFailed(exc) from exc
         yield chunk
+
+
+def _unavailable(exc: Exception) -> StoreUnavailable:
+    return StoreUnavailable(f"object store: {type(exc).__name__}: {_first_line(exc)}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -112,10 +117,21 @@ class ObjectStore:
     # ─── Writes ─────────────────────────────────────────────────────────────────────────────────
 
     def put(self, key: str, data: bytes | memoryview) -> None:
+        """Write the object whole. A directory store's is written without obstore, a big one
+        straight to the disk (tffleet/objectstore/files.py)."""
+        if self._directory is not None and files.plain(key):
+            try:
+                files.write(self._directory / key, data)
+            except OSError as exc:
+                raise _unavailable(exc) from exc
+            return
         with _translated(key):
             obstore.put(self._store, key, data)
 
     async def put_async(self, key: str, data: bytes | memoryview) -> None:
+        if self._directory is not None and files.plain(key):
+            await asyncio.to_thread(self.put, key, data)
+            return
         with _translated(key):
             await obstore.put_async(self._store, key, data)
 
@@ -159,9 +175,7 @@ class ObjectStore:
         try:
             return await files.write_stream(self._directory / key, _source(chunks))
         except OSError as exc:  # the file system's: the chunks' come as _SourceFailed
-            raise StoreUnavailable(
-                f"object store: {type(exc).__name__}: {_first_line(exc)}"
-            ) from exc
+            raise _unavailable(exc) from exc
 
     def delete(self, keys: Iterable[str]) -> None:
         """Delete these objects; a key with no object is no error (deleting is idempotent).
