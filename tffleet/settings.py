@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     # (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`) or an
     # instance role, never from this URL. A directory store writes objects of 2 MiB or more
     # straight to the disk (O_DIRECT, where the file system takes it), not through the page
-    # cache, and has the kernel read them back ahead of the workers.
+    # cache; a worker reads one back as it fetches its batch, before the forward pass.
     object_store: str = "file:.tffleet/objects"
     # Where transforms may read and write files besides the fleet's own store (which they name
     # `tffleet://datasets/<path>`, under the caller's tenant): comma-separated prefixes,

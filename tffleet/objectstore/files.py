@@ -3,7 +3,7 @@
 obstore's writer takes one call, and a hop to its runtime's threads and back, per chunk: a
 12.6 MB body in uvicorn's 64 KiB chunks cost 14 ms of CPU that way, 4 ms written here. An object
 of BATCH_BYTES or more goes straight to the disk, not through the page cache (`_Direct` says
-why), and is read back into it ahead of its reader. The file is laid out as obstore's LocalStore
+why); its reader's fetch reads it back (`read`). The file is laid out as obstore's LocalStore
 lays out its own (the key's path under the root, a staging file `<name>#<id>` beside it that
 its listings skip, renamed into place once whole), so every other call reads it through
 obstore as if obstore had written it.
@@ -155,9 +155,10 @@ class _Direct:
     into (BATCH_BYTES, one of a few the process keeps, so its pages are in memory already): the
     device reads the buffer itself. Written through the page cache, each 4 KiB of a new object
     takes a fresh page, which the kernel must find, zero and account for, and which a virtual
-    machine's host lends slowly: here 32-55 ms of kernel CPU per 12.6 MB object, against 3-6
-    this way, the read back below included (and 36-40 ms of the API's 46-56 per upload in
-    bench.objects' `tffleet.Client` round). MinIO writes its big objects with O_DIRECT too.
+    machine's host lends slowly: here 32-55 ms of kernel CPU per 12.6 MB object, against 3
+    this way and 2-3 more for the reader to map it from the disk (`read`): the API's CPU per
+    upload in bench.objects' `tffleet.Client` round went from 54-68 ms to 25-30. MinIO writes
+    its big objects with O_DIRECT too.
     The last block is written padded to DIRECT_ALIGN and the file cut to its size; a device
     that refuses direct writes after all (EINVAL) gets the rest through the page cache."""
 
@@ -186,9 +187,6 @@ class _Direct:
         if self._fill:
             self._flush(-(-self._fill // DIRECT_ALIGN) * DIRECT_ALIGN)
             os.ftruncate(self._fd, self._size)
-        # A worker reads the object soon: the disk's copy is read back into the page cache
-        # now, in large reads, while the device fills the pages (no CPU copies them).
-        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_WILLNEED)
         self.release()
 
     def release(self) -> None:
@@ -252,8 +250,9 @@ def write(path: Path, data: bytes | memoryview) -> None:
 def read(path: Path, start: int = 0, end: int | None = None) -> memoryview:
     """Bytes `start` to `end` (None: all; past the end: to there) of a directory store's
     object: a view of a private memory map of the file where they are MAP_MIN_BYTES or more
-    (read by nothing until used; written, it changes the reader's copy alone), else the bytes
-    read. FileNotFoundError when there is none."""
+    (written, it changes the reader's copy alone), else the bytes read. FileNotFoundError when
+    there is none. A map's pages are read and mapped before it returns (`_populated`), so a
+    forward pass that reads it later waits for no disk and takes no page faults."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
@@ -262,6 +261,7 @@ def read(path: Path, start: int = 0, end: int | None = None) -> memoryview:
         if end - start >= MAP_MIN_BYTES:  # a few bytes of a big file, a header say, are read
             mapped = _mapped(fd, size)
             if mapped is not None:
+                _populated(mapped, start, end)
                 return memoryview(mapped)[start:end]
         data = os.pread(fd, end - start, start)
         while len(data) < end - start:  # a regular file reads short only at its end
@@ -272,6 +272,21 @@ def read(path: Path, start: int = 0, end: int | None = None) -> memoryview:
         return memoryview(data)
     finally:
         os.close(fd)
+
+
+# madvise's "fault these pages in now, for reading" (Linux 5.14 and later).
+_MADV_POPULATE_READ = 22
+
+
+def _populated(mapped: mmap.mmap, start: int, end: int) -> None:
+    """Bytes `start` to `end` of the map read from the file where the page cache lacks them,
+    and mapped, in one call: the worker fetches a batch's objects while the device runs the one
+    before (worker/objects.py), and this is where their cost falls, not on the threads of the
+    forward pass (a page fault each 64 KiB; a disk read each, stalling them, for an object
+    written straight to the disk and not yet read back). A kernel without it maps nothing ahead."""
+    first = start - start % mmap.PAGESIZE
+    with contextlib.suppress(OSError):  # EINVAL: a kernel before 5.14
+        mapped.madvise(_MADV_POPULATE_READ, first, end - first)
 
 
 _maps = 0  # live in this process (`_mapped`)
