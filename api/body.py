@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import orjson
 from fastapi import Request
 
+from api.httpserver import READER, BodyReader
 from tffleet import tensors
 from tffleet.errors import (
     HTTPStatusError,
@@ -97,11 +98,11 @@ _NPY_MAX_HEADER = 12 + 10_000
 
 async def npy_stream(
     request: Request, *, max_bytes: int, invalid: type[HTTPStatusError] = InvalidInput
-) -> tuple[tensors.NpyHeader, AsyncIterator[bytes]]:
+) -> tuple[tensors.NpyHeader, NpyBody]:
     """An `application/x-npy` body whose header is read from its first bytes and checked, and
-    the whole body (header included) as chunks to stream on. The chunks raise `invalid` (422 by
+    the whole body (header included) to stream on (`NpyBody`). It raises `invalid` (422 by
     default) naming `body` where the body holds more or fewer bytes than its header says: a
-    writer fed them keeps nothing. 413 past `max_bytes`, from the header's size before a byte
+    writer fed it keeps nothing. 413 past `max_bytes`, from the header's size before a byte
     is streamed."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
@@ -129,7 +130,59 @@ async def npy_stream(
         )
     if declared is not None and declared.isdigit() and int(declared) != total:
         raise invalid(_size_mismatch(header, int(declared) - header.offset))
-    return header, _counted(bytes(head), chunks, header, total, invalid)
+    reader = request.scope.get("extensions", {}).get(READER)
+    return header, NpyBody(bytes(head), chunks, header, total, invalid, reader)
+
+
+class NpyBody:
+    """An .npy body, its first bytes (the header's) read already: iterated, the chunks as they
+    arrive, each counted against the header's size; or, where the server offers it
+    (api/httpserver.py `BodyReader`), read into the writer's own buffer (`readinto`, as
+    tffleet/objectstore/files.py `Readable` asks), the kernel copying from the socket into it."""
+
+    def __init__(
+        self,
+        head: bytes,
+        rest: AsyncIterator[bytes],
+        header: tensors.NpyHeader,
+        total: int,
+        invalid: type[HTTPStatusError],
+        reader: BodyReader | None,
+    ) -> None:
+        self.size = total
+        self._head, self._rest, self._header, self._invalid = head, rest, header, invalid
+        self._reader = reader
+        self._taken = 0  # bytes handed out by readinto
+        self._started = False
+
+    def readable(self) -> bool:
+        """Whether `readinto` may be used: not iterated yet, and the server reads into buffers."""
+        return (
+            not self._started
+            and len(self._head) <= self.size
+            and self._reader is not None
+            and self._reader.usable()
+        )
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self._started = True
+        return _counted(self._head, self._rest, self._header, self.size, self._invalid)
+
+    async def readinto(self, buffer: memoryview) -> int:
+        """Fill `buffer` with the body's next bytes, its first ones first; how many (0: its end,
+        `invalid` where that came short of the header's size)."""
+        assert self._reader is not None
+        if self._taken == self.size or not buffer:
+            return 0
+        if self._taken < len(self._head):
+            got = min(len(buffer), len(self._head) - self._taken)
+            buffer[:got] = self._head[self._taken : self._taken + got]
+        else:
+            got = await self._reader.readinto(buffer[: self.size - self._taken])
+        self._taken += got
+        if not got and self._taken != self.size:
+            raise self._invalid(_size_mismatch(self._header, self._taken - self._header.offset))
+        return got
 
 
 def _npy(read: Callable[[bytes], _T], data: bytes, invalid: type[HTTPStatusError]) -> _T:

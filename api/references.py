@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -375,7 +375,7 @@ async def binary_body(
     return Streamed(job_id, {name: Named(None, reference, size, found)})
 
 
-async def _gathered(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
+async def _gathered(chunks: AsyncIterable[bytes], max_bytes: int) -> bytes:
     data = bytearray()
     async for chunk in chunks:
         data += chunk
@@ -385,7 +385,7 @@ async def _gathered(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
 
 
 async def _hashed(
-    chunks: AsyncIterator[bytes], skip: int, digest: hashlib._Hash
+    chunks: AsyncIterable[bytes], skip: int, digest: hashlib._Hash
 ) -> AsyncIterator[bytes]:
     """The chunks as they are, their bytes past the first `skip` (the header) hashed."""
     async for chunk in chunks:

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 # The mlp's output is 3 float32 a sample: a job of 6 samples or more writes it to the store.
 INLINE_MAX_BYTES = 64
+BIG_JOB = 150_001  # samples of the big .npy job body below (8 float32 each: 4.8 MB)
 
 
 @pytest.fixture
@@ -44,7 +45,10 @@ def fleet(
         sqlite_url,
         tmp_path / "models",
         devices="cpu:1",
-        extra_env={"TFFLEET_INLINE_MAX_BYTES": str(INLINE_MAX_BYTES)},
+        extra_env={
+            "TFFLEET_INLINE_MAX_BYTES": str(INLINE_MAX_BYTES),
+            "TFFLEET_TENANT_MAX_SAMPLES_PER_JOB": str(BIG_JOB),
+        },
     )
     fleet.start_api()
     fleet.start_worker()
@@ -136,3 +140,34 @@ def test_a_job_reads_its_inputs_from_the_store_and_writes_its_large_outputs_ther
     assert job["status"] == "succeeded" and job["outputs"][name]["shape"] == [8, 3], job
     data = store.get(keys.output_key(DEFAULT_TENANT, job["id"], name))
     np.testing.assert_allclose(np.load(io.BytesIO(data)), model(z), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("object_store_url", ["file"], indirect=True)
+def test_big_npy_bodies_reach_the_store_byte_for_byte_over_one_connection(
+    fleet: tuple[Fleet, Any], object_store_url: str
+) -> None:
+    """`tffleet api` reads a big .npy body straight into the store's direct buffers
+    (api/httpserver.py `BodyReader`): an upload and a job's body, one after the other on one
+    kept-alive connection, then a small JSON job on it, each what was sent."""
+    running, model = fleet
+    store = open_store(object_store_url)
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(200_003, 8)).astype(np.float32)  # 6.4 MB: past a direct buffer or two
+    y = rng.normal(size=(BIG_JOB, 8)).astype(np.float32)
+    npy = {"Content-Type": tensors.NPY}
+    with running.http(timeout=120) as client:
+        uploaded = client.post("/v1/uploads", content=tensors.write_npy(x), headers=npy)
+        assert uploaded.status_code == 201, uploaded.text
+        upload_id = uploaded.json()["uri"].rsplit("/", 1)[1]
+        assert bytes(store.get(keys.upload_key(DEFAULT_TENANT, upload_id))) == tensors.write_npy(x)
+
+        body = client.post("/v1/jobs?model=mlp", content=tensors.write_npy(y), headers=npy)
+        assert body.status_code == 202, body.text
+        small = client.post("/v1/jobs", json={"model": "mlp", "inputs": {"x": [[0.5] * 8]}})
+        assert small.status_code == 202, small.text
+    job = running.wait_ended(body.json()["id"])
+    assert job["status"] == "succeeded", job
+    (name,) = job["outputs"]
+    data = store.get(keys.output_key(DEFAULT_TENANT, job["id"], name))
+    np.testing.assert_allclose(np.load(io.BytesIO(data)), model(y), rtol=1e-5, atol=1e-6)
+    assert running.wait_ended(small.json()["id"])["status"] == "succeeded"

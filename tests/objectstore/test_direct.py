@@ -5,6 +5,7 @@ and where it does not, and a small object through the page cache as before."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tffleet.objectstore import files, open_store
+from tffleet.objectstore import direct, files, open_store
 
 pytestmark = [
     pytest.mark.anyio,
@@ -40,7 +41,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     return seen
 
 
-def direct(opened: list[tuple[str, int]]) -> list[bool]:
+def direct_asked(opened: list[tuple[str, int]]) -> list[bool]:
     """For each staging file opened for writing, in order: whether O_DIRECT was asked for
     (first: an open that found no folder is tried again, the same way, once it is made)."""
     first: dict[str, int] = {}
@@ -70,7 +71,7 @@ async def test_a_big_stream_or_put_is_written_directly_and_reads_back_exact(
     store.put("t/put.npy", body)
     await store.put_async("t/put_async.npy", memoryview(body))
 
-    assert direct(opened) == [True, True, True]
+    assert direct_asked(opened) == [True, True, True]
     for key in ("t/streamed.npy", "t/put.npy", "t/put_async.npy"):
         assert store.size(key) == size  # cut to its size: no padding of the last block
         assert bytes(store.get(key)) == body
@@ -88,7 +89,7 @@ async def test_a_small_object_goes_through_the_page_cache(
     small = os.urandom(files.BATCH_BYTES - 1)
     await store.put_stream_async("t/a.npy", chunks_of(small, 65536))
     store.put("t/b.npy", small)
-    assert direct(opened) == [False, False]
+    assert direct_asked(opened) == [False, False]
     assert bytes(store.get("t/a.npy")) == bytes(store.get("t/b.npy")) == small
 
 
@@ -128,12 +129,12 @@ def test_a_device_that_refuses_a_direct_write_gets_the_rest_through_the_page_cac
     refused: list[int] = []
 
     def write(fd: int, data: Any) -> int:
-        if not refused and files.fcntl.fcntl(fd, files.fcntl.F_GETFL) & os.O_DIRECT:
+        if not refused and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
             refused.append(fd)
             raise OSError(errno.EINVAL, "Invalid argument")
         return real(fd, data)
 
-    monkeypatch.setattr(files.os, "write", write)
+    monkeypatch.setattr(direct.os, "write", write)
     store = open_store((tmp_path / "objects").as_uri())
     body = os.urandom(2 * files.BATCH_BYTES + 77)
     store.put("t/x.npy", body)
@@ -143,6 +144,6 @@ def test_a_device_that_refuses_a_direct_write_gets_the_rest_through_the_page_cac
 def test_the_aligned_buffers_kept_stay_few(tmp_path: Path) -> None:
     store = open_store((tmp_path / "objects").as_uri())
     body = os.urandom(files.BATCH_BYTES + 1)
-    for i in range(files._KEPT_BUFFERS + 2):
+    for i in range(direct._KEPT_BUFFERS + 2):
         store.put(f"t/{i}.npy", body)
-    assert len(files._buffers) <= files._KEPT_BUFFERS
+    assert len(direct._buffers) <= direct._KEPT_BUFFERS

@@ -2,11 +2,13 @@
 
 obstore's writer takes one call, and a hop to its runtime's threads and back, per chunk: a
 12.6 MB body in uvicorn's 64 KiB chunks cost 14 ms of CPU that way, 4 ms written here. An object
-of BATCH_BYTES or more goes straight to the disk, not through the page cache (`_Direct` says
-why); its reader's fetch reads it back (`read`). The file is laid out as obstore's LocalStore
-lays out its own (the key's path under the root, a staging file `<name>#<id>` beside it that
-its listings skip, renamed into place once whole), so every other call reads it through
-obstore as if obstore had written it.
+of BATCH_BYTES or more goes straight to the disk, not through the page cache (direct.py says
+why); its reader's fetch reads it back (`read`). A stream that can be read into a buffer of
+ours (`Readable`: an HTTP body, api/httpserver.py) is, a big one straight into the aligned
+buffer that goes to the disk: no copy of its bytes at all on our side. The file is laid out as
+obstore's LocalStore lays out its own (the key's path under the root, a staging file
+`<name>#<id>` beside it that its listings skip, renamed into place once whole), so every other
+call reads it through obstore as if obstore had written it.
 
 Reads (`read`): MAP_MIN_BYTES or more of an object are memory-mapped, not read: the buffer is
 the page cache's own pages, so a worker's 12.6 MB input costs no copy, no fresh memory zeroed
@@ -21,15 +23,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import mmap
 import os
 import re
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, Sequence
 from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from tffleet.objectstore.direct import O_DIRECT, Direct
 
 # The chunks are written in batches of about this many bytes, one `writev` in a thread each:
 # few hops, and a request holds no more than this of its body.
@@ -52,6 +56,20 @@ def plain(key: str) -> bool:
     return _PLAIN_KEY.fullmatch(key) is not None and ".." not in key.split("/")
 
 
+@runtime_checkable
+class Readable(AsyncIterable[bytes], Protocol):
+    """A stream of `size` bytes that can be read into a buffer of the writer's, besides being
+    iterated in chunks (where `readable()` says no, or the object is small)."""
+
+    size: int
+
+    def readable(self) -> bool: ...
+
+    async def readinto(self, buffer: memoryview) -> int:
+        """Fill the buffer with the next bytes; how many (0: the end)."""
+        ...
+
+
 class _StagedFile:
     """A directory store's object written as obstore's LocalStore writes one: into a staging
     file beside it (`<name>#<id>`, which its listings skip), renamed into place once whole, so
@@ -61,28 +79,28 @@ class _StagedFile:
     starts after it does nothing.
 
     An object written in more than one call (`write` before `commit`: BATCH_BYTES or more) goes
-    to the disk directly (O_DIRECT), not through the page cache: see `_Direct`. One written
+    to the disk directly (O_DIRECT), not through the page cache: see direct.py. One written
     whole by `commit` alone, a small one, is written as any file is."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.staging = path.with_name(f"{path.name}#{uuid.uuid4().hex}")
         self._fd: int | None = None
-        self._direct: _Direct | None = None
+        self._direct: Direct | None = None
         self._abandoned = False
         self._lock = threading.Lock()
 
     def _open(self, *, direct: bool) -> int:
         if self._fd is None:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            if direct and _O_DIRECT:
+            if direct and O_DIRECT:
                 try:
-                    self._fd = self._create(flags | _O_DIRECT)
+                    self._fd = self._create(flags | O_DIRECT)
                 except OSError as exc:  # a file system without direct I/O (tmpfs)
                     if exc.errno != errno.EINVAL:
                         raise
                 else:
-                    self._direct = _Direct(self._fd)
+                    self._direct = Direct(self._fd)
             if self._fd is None:
                 self._fd = self._create(flags)
         return self._fd
@@ -113,6 +131,19 @@ class _StagedFile:
             if done:
                 views[0] = views[0][done:]
 
+    def open_direct(self) -> Direct | None:
+        """Open the file for direct writes, its bytes then read into `Direct.space()`; None
+        where the file system takes no direct I/O (the chunks are written, then)."""
+        with self._lock:
+            self._open(direct=True)
+            return self._direct
+
+    def flush(self) -> None:
+        """Write the direct buffer, full (`Direct.took` said so)."""
+        with self._lock:
+            if not self._abandoned and self._direct is not None:
+                self._direct.flush()
+
     def commit(self, buffers: Sequence[bytes | memoryview]) -> None:
         """Write the last buffers, then put the file in place."""
         with self._lock:
@@ -140,82 +171,17 @@ class _StagedFile:
                 self.staging.unlink()
 
 
-# Direct I/O's unit: offsets, lengths and buffer addresses a multiple of it (a device's logical
-# block, 512 or 4096 bytes; a page-aligned buffer of whole pages suits both).
-DIRECT_ALIGN = 4096
-_O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux's; elsewhere objects go through the page cache
-# Aligned buffers kept for the next object (at most this many: BATCH_BYTES each).
-_KEPT_BUFFERS = 4
-_buffers: list[mmap.mmap] = []
-_buffers_lock = threading.Lock()
-
-
-class _Direct:
-    """A file opened with O_DIRECT, written from an aligned buffer that the chunks are copied
-    into (BATCH_BYTES, one of a few the process keeps, so its pages are in memory already): the
-    device reads the buffer itself. Written through the page cache, each 4 KiB of a new object
-    takes a fresh page, which the kernel must find, zero and account for, and which a virtual
-    machine's host lends slowly: here 32-55 ms of kernel CPU per 12.6 MB object, against 3
-    this way and 2-3 more for the reader to map it from the disk (`read`): the API's CPU per
-    upload in bench.objects' `tffleet.Client` round went from 54-68 ms to 25-30. MinIO writes
-    its big objects with O_DIRECT too.
-    The last block is written padded to DIRECT_ALIGN and the file cut to its size; a device
-    that refuses direct writes after all (EINVAL) gets the rest through the page cache."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._size = 0  # bytes taken, written or in the buffer
-        self._fill = 0  # of which in the buffer
-        with _buffers_lock:
-            self._buffer = _buffers.pop() if _buffers else mmap.mmap(-1, BATCH_BYTES)
-
-    def write(self, buffers: Sequence[bytes | memoryview]) -> None:
-        room = len(self._buffer)
-        for buffer in buffers:
-            view = memoryview(buffer).cast("B")
-            while view:
-                take = min(len(view), room - self._fill)
-                self._buffer[self._fill : self._fill + take] = view[:take]
-                self._fill += take
-                self._size += take
-                view = view[take:]
-                if self._fill == room:
-                    self._flush(room)
-
-    def close(self) -> None:
-        """Write what the buffer holds (padded to a block), cut the file to its size."""
-        if self._fill:
-            self._flush(-(-self._fill // DIRECT_ALIGN) * DIRECT_ALIGN)
-            os.ftruncate(self._fd, self._size)
-        self.release()
-
-    def release(self) -> None:
-        with _buffers_lock:
-            if len(_buffers) < _KEPT_BUFFERS:
-                _buffers.append(self._buffer)
-
-    def _flush(self, length: int) -> None:
-        with memoryview(self._buffer) as whole:
-            done = 0
-            while done < length:
-                try:
-                    done += os.write(self._fd, whole[done:length])
-                except OSError as exc:
-                    flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
-                    if exc.errno != errno.EINVAL or not flags & _O_DIRECT:
-                        raise
-                    # A device that takes no direct writes after all: the page cache, then.
-                    fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~_O_DIRECT)
-        self._fill = 0
-
-
-async def write_stream(path: Path, chunks: AsyncIterator[bytes]) -> int:
+async def write_stream(path: Path, chunks: AsyncIterable[bytes]) -> int:
     """Write the chunks to `path` as they come, gathered (not copied) into batches of
-    BATCH_BYTES, each written in a thread (a big object's straight to the disk: `_Direct`);
-    returns the bytes written. An error
+    BATCH_BYTES, each written in a thread (a big object's straight to the disk: direct.py), or
+    a big `Readable` read into the direct buffer itself; returns the bytes written. An error
     (the chunks' own, or the file system's OSError) leaves nothing under `path`."""
     staged, written = _StagedFile(path), 0
     try:
+        if isinstance(chunks, Readable) and chunks.size >= BATCH_BYTES and chunks.readable():
+            direct = await asyncio.to_thread(staged.open_direct)
+            if direct is not None:
+                return await _read_into(staged, direct, chunks)
         batch: list[bytes] = []
         size = 0
         async for chunk in chunks:
@@ -230,6 +196,19 @@ async def write_stream(path: Path, chunks: AsyncIterator[bytes]) -> int:
         staged.abandon()
         raise
     return written
+
+
+async def _read_into(staged: _StagedFile, direct: Direct, body: Readable) -> int:
+    """Read the body into the direct buffer (on the event loop: the kernel copies from the
+    socket into it) and write it each time it is full (in a thread), then the rest."""
+    while True:
+        got = await body.readinto(direct.space())
+        if not got:
+            break
+        if direct.took(got):
+            await asyncio.to_thread(staged.flush)
+    await asyncio.to_thread(staged.commit, [])
+    return direct.size
 
 
 def write(path: Path, data: bytes | memoryview) -> None:

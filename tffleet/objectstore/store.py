@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -78,7 +78,7 @@ class _SourceFailed(Exception):
         self.error = error
 
 
-async def _source(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _source(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
     iterator = aiter(chunks)
     while True:
         try:
@@ -88,6 +88,26 @@ async def _source(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         except Exception as exc:
             raise _SourceFailed(exc) from exc
         yield chunk
+
+
+class _ReadableSource:
+    """A `files.Readable` whose own errors come out as _SourceFailed, as `_source`'s do."""
+
+    def __init__(self, body: files.Readable) -> None:
+        self._body = body
+        self.size = body.size
+
+    def readable(self) -> bool:
+        return self._body.readable()
+
+    async def readinto(self, buffer: memoryview) -> int:
+        try:
+            return await self._body.readinto(buffer)
+        except Exception as exc:
+            raise _SourceFailed(exc) from exc
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _source(self._body)
 
 
 def _unavailable(exc: Exception) -> StoreUnavailable:
@@ -135,7 +155,7 @@ class ObjectStore:
         with _translated(key):
             await obstore.put_async(self._store, key, data)
 
-    async def put_stream_async(self, key: str, chunks: AsyncIterator[bytes]) -> int:
+    async def put_stream_async(self, key: str, chunks: AsyncIterable[bytes]) -> int:
         """Write the chunks as they come (a multipart upload on S3: nothing is held whole);
         returns the bytes written. An error leaves no object under the key. A directory
         store's is written without obstore (tffleet/objectstore/files.py: a third of the CPU)."""
@@ -159,7 +179,7 @@ class ObjectStore:
         ):
             yield writer
 
-    async def _stream_to_writer(self, key: str, chunks: AsyncIterator[bytes]) -> int:
+    async def _stream_to_writer(self, key: str, chunks: AsyncIterable[bytes]) -> int:
         written = 0
         with _translated(key):
             async with obstore.open_writer_async(
@@ -170,10 +190,13 @@ class ObjectStore:
                     written += len(chunk)
         return written
 
-    async def _stream_to_file(self, key: str, chunks: AsyncIterator[bytes]) -> int:
+    async def _stream_to_file(self, key: str, chunks: AsyncIterable[bytes]) -> int:
         assert self._directory is not None
         try:
-            return await files.write_stream(self._directory / key, _source(chunks))
+            source = (
+                _ReadableSource(chunks) if isinstance(chunks, files.Readable) else _source(chunks)
+            )
+            return await files.write_stream(self._directory / key, source)
         except OSError as exc:  # the file system's: the chunks' come as _SourceFailed
             raise _unavailable(exc) from exc
 
