@@ -46,7 +46,8 @@ class LeanBodyProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self._seen = 0
         length = _content_length(self.headers)
-        if length is not None and self.scheme == "http" and self.cycle is not None:
+        upgrade = self.parser.should_upgrade()  # no cycle of its own: not this one's to read
+        if length is not None and self.scheme == "http" and self.cycle is not None and not upgrade:
             scope = cast(dict[str, Any], self.scope)
             scope.setdefault("extensions", {})[READER] = BodyReader(self, self.cycle, length)
 

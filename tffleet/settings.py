@@ -185,7 +185,7 @@ class Settings(BaseSettings):
     @field_validator("object_store")
     @classmethod
     def _object_store_parse(cls, value: str) -> str:
-        from tffleet.objectstore.store import parse_store_url
+        from tffleet.objectstore.urls import parse_store_url
 
         parse_store_url(value)  # checks the URL only: the store is opened by those who use it
         return value

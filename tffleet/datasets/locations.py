@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
-from tffleet.objectstore.store import ObjectStore, open_store, parse_store_url
+from tffleet.objectstore.store import ObjectStore, open_store
+from tffleet.objectstore.urls import parse_store_url
 
 if TYPE_CHECKING:
     from tffleet.settings import Settings

@@ -5,7 +5,7 @@ from tffleet.objectstore.store import (
     ObjectStore,
     StoreUnavailable,
     open_store,
-    parse_store_url,
 )
+from tffleet.objectstore.urls import parse_store_url
 
 __all__ = ["ObjectMissing", "ObjectStore", "StoreUnavailable", "open_store", "parse_store_url"]
