@@ -25,6 +25,7 @@ before reading the body to its end has its connection closed after the answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, cast
 
 import httptools
@@ -161,7 +162,8 @@ class _Sink(asyncio.BufferedProtocol):
         owner._sink = None
         self._transport.set_protocol(owner)
         owner.parser = httptools.HttpRequestParser(owner)
-        owner.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        with contextlib.suppress(AttributeError):  # as uvicorn sets its own (httptools 0.6.3+)
+            owner.parser.set_dangerous_leniencies(lenient_data_after_close=True)
         owner.flow.read_paused = False
         owner.flow.pause_reading()
         owner.on_message_complete()
