@@ -8,16 +8,18 @@ to be read (the usual case: uvicorn stops reading past HIGH_WATER_LIMIT until th
 takes it) is kept as the bytes object the parser made and handed on as it is (`bytes()` of a
 bytes object is that object); pieces that pile up are gathered as uvicorn gathers them.
 
-A request with a Content-Length (over plain HTTP) also carries a `BodyReader` in its scope's
-extensions (`READER`): `await reader.readinto(buffer)` fills the application's buffer from the
-body, the pieces the parser had already handed on first, then the rest read from the socket by
-the kernel straight into the buffer (`_Sink`, an `asyncio.BufferedProtocol` that stands in for
-this protocol until the body's last byte). No copy on our side, and a read per buffer, not a
-piece of 256 KB each with its Python: a 12.6 MB `.npy` into a directory store's aligned buffers
-(tffleet/objectstore/files.py) cost the event loop 4.3 to 5.5 ms this way against 5.5 to 8 (a
-bare application on uvicorn, 40 bodies, three runs each). Once the body is whole, this protocol
-reads the connection again with a new parser, for the next request. An application that answers
-before reading the body to its end has its connection closed after the answer.
+A request with a Content-Length over HIGH_WATER_LIMIT (over plain HTTP; a smaller body comes in
+a piece or two, and the small requests of the hot path build nothing more) also carries a
+`BodyReader` in its scope's extensions (`READER`): `await reader.readinto(buffer)` fills the
+application's buffer from the body, the pieces the parser had already handed on first, then the
+rest read from the socket by the kernel straight into the buffer (`_Sink`, an
+`asyncio.BufferedProtocol` that stands in for this protocol until the body's last byte). No copy
+on our side, and a read per buffer, not a piece of 256 KB each with its Python: a 12.6 MB `.npy`
+into a directory store's aligned buffers (tffleet/objectstore/files.py) cost the event loop 4.3
+to 5.5 ms this way against 5.5 to 8 (a bare application on uvicorn, 40 bodies, three runs each).
+Once the body is whole, this protocol reads the connection again with a new parser, for the next
+request. An application that answers before reading the body to its end has its connection
+closed after the answer.
 
 `tffleet api` serves with it (tffleet/cli/services.py).
 """
@@ -47,8 +49,10 @@ class LeanBodyProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self._seen = 0
         length = _content_length(self.headers)
+        if length is None or length <= HIGH_WATER_LIMIT:
+            return  # none, or one that comes in a piece or two: nothing to read into a buffer
         upgrade = self.parser.should_upgrade()  # no cycle of its own: not this one's to read
-        if length is not None and self.scheme == "http" and self.cycle is not None and not upgrade:
+        if self.scheme == "http" and self.cycle is not None and not upgrade:
             scope = cast(dict[str, Any], self.scope)
             scope.setdefault("extensions", {})[READER] = BodyReader(self, self.cycle, length)
 

@@ -1,5 +1,5 @@
-"""A directory store's big objects go straight to the disk (O_DIRECT, tffleet/objectstore/files.py
-`_Direct`): written whole and exact whatever their size, where the file system takes direct I/O
+"""A directory store's big objects go straight to the disk (O_DIRECT, tffleet/objectstore/direct.py
+`Direct`): written whole and exact whatever their size, where the file system takes direct I/O
 and where it does not, and a small object through the page cache as before."""
 
 from __future__ import annotations
