@@ -24,7 +24,7 @@ from api.app import create_app
 from api.routes import events
 from db import jobs, tenants
 from db.models import DEFAULT_TENANT, JobErrorCode
-from tests.api.conftest import Api, OpenApi, finish_job
+from tests.api.conftest import Api, OpenApi, _until_subscribed, finish_job
 from tffleet import tensors
 from tffleet.constants import JOBS_DONE_CHANNEL
 from tffleet.settings import Settings
@@ -251,14 +251,31 @@ async def test_a_lost_announcement_delays_the_end_but_never_hangs_the_stream(
 
 
 async def test_a_quiet_stream_sends_keep_alive_comments(
-    api: Api, finish_later: FinishLater, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    api: Api, sessions: Sessions, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(events, "KEEP_ALIVE_S", 0.2)
     monkeypatch.setattr(events, "QUEUED_RECHECK_S", 0.1)
-    job = await submit(api.client)
-    finish_later(job["id"], OUTPUTS, delay_s=0.8, announce_to=redis_url)
+    kept_alive = threading.Event()
+    stream = events._events
 
-    response = await api.client.get(f"/v1/jobs/{job['id']}/events")
+    async def watched(*args: Any, **kwargs: Any) -> Any:
+        async for chunk in stream(*args, **kwargs):
+            if chunk == b": keep-alive\n\n":
+                kept_alive.set()
+            yield chunk
+
+    monkeypatch.setattr(events, "_events", watched)
+    job = await submit(api.client)
+
+    def finish_once_kept_alive() -> None:  # not on a timer: a loaded machine is slow to start
+        if kept_alive.wait(timeout=30):
+            _until_subscribed(redis_url)
+            finish_job(sessions, job["id"], OUTPUTS, announce_to=redis_url)
+
+    finisher = threading.Thread(target=finish_once_kept_alive, daemon=True)
+    finisher.start()
+    response = await asyncio.wait_for(api.client.get(f"/v1/jobs/{job['id']}/events"), 40)
+    finisher.join(timeout=10)
 
     assert ": keep-alive" in response.text.split("\n")
     assert [e["id"] for e in statuses(response.text)] == ["queued.0", "succeeded.1"]
