@@ -58,18 +58,21 @@ def test_cancel_after_cancels_a_queued_and_a_running_job_then_retry_and_delete(
         devices="cpu:1",
         extra_env={"TFFLEET_SWEEP_INTERVAL_S": "0.2"},
     )
+    # Registered while the fleet starts: the command loads the model (TensorFlow, seconds) and
+    # writes the database alone, never the API.
+    held = str(tmp_path / "unserved" / "held" / "1")
+    output = tmp_path / "register.log"
+    with output.open("wb") as out:
+        register = subprocess.Popen(
+            [sys.executable, "-m", "tffleet.cli", "models", "register", held, "--name", "held"],
+            env=fleet.env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     fleet.start_api()
     fleet.start_worker()
     fleet.start_sweeper()
-    held = str(tmp_path / "unserved" / "held" / "1")
-    registered = subprocess.run(
-        [sys.executable, "-m", "tffleet.cli", "models", "register", held, "--name", "held"],
-        env=fleet.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert registered.returncode == 0, registered.stderr
+    assert register.wait(timeout=120) == 0, output.read_text(errors="replace")
     slow = np.zeros((1, 4), np.float32)
     slow[0, SLEEP_COLUMN] = SLOW_S
 
@@ -99,8 +102,9 @@ def test_cancel_after_cancels_a_queued_and_a_running_job_then_retry_and_delete(
         assert ended["error"]["code"] == "deadline" and ended["started_at"] is not None
         assert "while running" in ended["error"]["message"]
         assert seconds(ended, "created_at", "finished_at") < SLOW_S
-        # Its forward pass goes on to its end; the result it writes then is discarded.
-        time.sleep(SLOW_S)
+        # Its forward pass goes on to its end; the result it writes then is discarded. The
+        # worker's task ends once that write is done (or refused).
+        fleet.wait_until(lambda: "succeeded in" in fleet.log("worker"), "the pass's end", 30)
         late = client.get(f"/v1/jobs/{running['id']}").json()
         assert late["status"] == "canceled" and late["outputs"] is None
 
