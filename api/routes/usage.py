@@ -25,6 +25,9 @@ from tffleet.errors import InvalidInput
 DEFAULT_SPAN = timedelta(hours=24)
 # The longest period one request may sum (its hours are read and summed).
 MAX_SPAN = timedelta(days=366)
+# The times taken: no job ended before 1970, and past these the arithmetic above would overflow.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 class UsageGroup(BaseModel):
@@ -76,13 +79,15 @@ async def get_usage(
         datetime | None,
         Query(
             alias="from",
-            description="ISO 8601 (UTC unless it says; taken down to its hour). Default: `to` "
-            "less 24 hours.",
+            description="ISO 8601 (UTC unless it says; taken down to its hour), 1970 to 9998. "
+            "Default: `to` less 24 hours.",
         ),
     ] = None,
     end: Annotated[
         datetime | None,
-        Query(alias="to", description="ISO 8601 (taken up to its hour). Default: now."),
+        Query(
+            alias="to", description="ISO 8601 (taken up to its hour), 1970 to 9998. Default: now."
+        ),
     ] = None,
     group_by: Annotated[GroupBy, Query(description="`tenant`, `model` or `day` (UTC).")] = (
         GroupBy.TENANT
@@ -92,7 +97,7 @@ async def get_usage(
     from `from` to `to`, summed per tenant, model or day. An admin key sees every tenant, a
     tenant's key its own."""
     caller = await state.auth(request)
-    start, end = _utc(start), _utc(end)
+    start, end = _utc(start, "from"), _utc(end, "to")
     if start is not None and end is not None and end <= start:
         raise InvalidInput(f"to: must be after `from` ({iso_utc(start)}), got {iso_utc(end)}")
 
@@ -120,8 +125,18 @@ async def get_usage(
     return json_response(await run_in_threadpool(read))
 
 
-def _utc(value: datetime | None) -> datetime | None:
-    """A time as UTC: one without an offset is taken to be UTC."""
+def _utc(value: datetime | None, field: str) -> datetime | None:
+    """A time as UTC (one without an offset is taken to be UTC), from EARLIEST up to LATEST,
+    or 422 naming `field`: year 1 less the default span was a 500 (OverflowError)."""
     if value is None:
         return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        at = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:  # an offset that takes it past year 1 or 9999
+        at = None
+    if at is None or not EARLIEST <= at < LATEST:
+        raise InvalidInput(
+            f"{field}: must be from {iso_utc(EARLIEST)} to before {iso_utc(LATEST)}, got "
+            f"{value.isoformat()}"
+        )
+    return at
