@@ -19,7 +19,7 @@ from api.auth import Authenticator
 from api.autoscaling import AutoscalingCollector
 from api.hotpath import HotRoutes
 from api.ingest import Ingestor, JobReader
-from api.memory import keep_freed_memory
+from api.memory import freeze_startup, keep_freed_memory
 from api.metrics import REQUESTS_REJECTED, exposition
 from api.protocols.oip import routes as oip
 from api.protocols.tfserving import routes as tfserving
@@ -133,6 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             AutoscalingCollector(reads, poll_s=settings.model_poll_s),
             StorageCollector([database_source(reads), *object_store_sources(reads)]),
         )
+        freeze_startup()  # the collector's full passes skip what startup made (api/memory.py)
         try:
             yield
         finally:

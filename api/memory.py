@@ -1,4 +1,5 @@
-"""The API process's heap: freed memory kept for the next large body, not handed back.
+"""The API process's heap: freed memory kept for the next large body, not handed back; the
+objects made at startup left out of the garbage collector's full passes (`freeze_startup`).
 
 A 12.6 MB body arrives as uvicorn's chunks of up to 256 KiB, each copied into a fresh buffer.
 glibc's malloc serves blocks that large from `mmap` and gives the memory back to the kernel once
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 log = logging.getLogger(__name__)
@@ -38,3 +40,19 @@ def keep_freed_memory() -> bool:
     if not done:
         log.debug("mallopt refused the thresholds: the heap is left as it is")
     return done
+
+
+_frozen = False
+
+
+def freeze_startup() -> None:
+    """Once per process, at the end of startup: collect, then move every object alive now (the
+    modules, the app and its routes, the models' signatures) out of the collector's view
+    (`gc.freeze`). Its full passes walked them all: one 76 ms pass in every hundred 12.6 MB jobs
+    here, 0.76 ms a job and a 76 ms stall of the event loop. They live as long as the process,
+    so nothing is lost by never looking at them again."""
+    global _frozen
+    if not _frozen:
+        _frozen = True
+        gc.collect()
+        gc.freeze()
