@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import Table, delete, exists, func, insert, or_, select, update
+from sqlalchemy import Table, bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from db import clock
@@ -38,6 +38,16 @@ _inputs: Table = JobInput.__table__  # type: ignore[assignment]
 _uploads: Table = Upload.__table__  # type: ignore[assignment]
 _pins: Table = JobUpload.__table__  # type: ignore[assignment]
 _garbage: Table = ObjectGarbage.__table__  # type: ignore[assignment]
+
+# The statements of every submission that writes ahead, built once: building one costs more
+# than SQLite takes to run it (0.2 ms against 0.05 here).
+_WRITE_AHEAD = insert(_garbage)
+_IN_TIME = (
+    _garbage.c.key.in_(bindparam("keys", expanding=True)),
+    _garbage.c.not_before > bindparam("due"),
+)
+_CLAIM_IN_TIME = delete(_garbage).where(*_IN_TIME).returning(_garbage.c.key)
+_CLAIMABLE = select(_garbage.c.key).where(*_IN_TIME)
 
 
 # ─── Uploads ──────────────────────────────────────────────────────────────────────────────────────
@@ -191,7 +201,7 @@ def write_ahead(*, session: Session, keys: Sequence[str], not_before: datetime) 
         for key in keys
     ]
     if rows:
-        session.execute(insert(_garbage), rows)
+        session.execute(_WRITE_AHEAD, rows)
 
 
 def late(*, session: Session, keys: Sequence[str]) -> set[str]:
@@ -200,9 +210,7 @@ def late(*, session: Session, keys: Sequence[str]) -> set[str]:
     if not keys:
         return set()
     due = clock.now(session) + CLAIM_MARGIN
-    claimable = session.execute(
-        select(_garbage.c.key).where(_garbage.c.key.in_(set(keys)), _garbage.c.not_before > due)
-    ).scalars()
+    claimable = session.execute(_CLAIMABLE, {"keys": list(set(keys)), "due": due}).scalars()
     return set(keys) - set(claimable)
 
 
@@ -233,13 +241,7 @@ def claim_those_in_time(*, session: Session, keys: Iterable[str]) -> set[str]:
     if not wanted:
         return set()
     due = clock.now(session) + CLAIM_MARGIN
-    return set(
-        session.execute(
-            delete(_garbage)
-            .where(_garbage.c.key.in_(wanted), _garbage.c.not_before > due)
-            .returning(_garbage.c.key)
-        ).scalars()
-    )
+    return set(session.execute(_CLAIM_IN_TIME, {"keys": list(wanted), "due": due}).scalars())
 
 
 def claim(*, session: Session, keys: Sequence[str]) -> None:
