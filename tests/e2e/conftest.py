@@ -117,7 +117,9 @@ class Fleet:
         self.procs[name] = proc
         return proc
 
-    def start_api(self) -> None:
+    def start_api(self, *, wait: bool = True) -> None:
+        """`wait=False` returns once it is started: a `start_worker` right after waits for it
+        (it reads the models through the API), while the worker loads TensorFlow meanwhile."""
         if not self.api_key:
             engine = make_engine(self.database_url)
             with make_sessionmaker(engine).begin() as session:
@@ -125,7 +127,8 @@ class Fleet:
             engine.dispose()
             self.api_key = made.key
         self.start("api", "api")
-        self.wait_until(lambda: httpx.get(f"{self.url}/readyz").status_code == 200, "API ready")
+        if wait:
+            self.wait_until(lambda: httpx.get(f"{self.url}/readyz").status_code == 200, "API ready")
 
     def start_worker(self, *, expect_models: int = 1) -> None:
         since = datetime.now(UTC)
@@ -145,8 +148,13 @@ class Fleet:
 
         self.wait_until(loaded, "worker children loaded their models", timeout_s=180)
 
-    def start_sweeper(self) -> None:
+    def start_sweeper(self, *, wait: bool = True) -> None:
+        """`wait=False`: started only, to start a worker meanwhile (then `wait_sweeper`)."""
         self.start("sweeper", "sweeper")
+        if wait:
+            self.wait_sweeper()
+
+    def wait_sweeper(self) -> None:
         self.wait_until(lambda: "active sweeper" in self.log("sweeper"), "sweeper active")
 
     def stop(self, name: str, *, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:

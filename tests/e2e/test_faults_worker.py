@@ -57,6 +57,7 @@ FAST_RECOVERY = {
     "TFFLEET_SWEEP_INTERVAL_S": "0.5",
     "TFFLEET_REPUBLISH_AFTER_S": "2",
     "TFFLEET_MAX_ATTEMPTS": "3",
+    "TFFLEET_MODEL_POLL_S": "1",  # a warm shutdown waits for the children's poll (5 s otherwise)
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
 
@@ -80,10 +81,14 @@ def fault_fleet(fleet_factory: Callable[..., Fleet], no_core_files: None) -> Cal
         fleet = fleet_factory(
             database_url, models, devices=devices, extra_env={**FAST_RECOVERY, **env}
         )
-        fleet.start_api()
+        # All three start at once: the API and the sweeper are up long before the worker's
+        # children have loaded TensorFlow.
+        fleet.start_api(wait=False)
+        if sweeper:
+            fleet.start_sweeper(wait=False)
         fleet.start_worker()
         if sweeper:
-            fleet.start_sweeper()
+            fleet.wait_sweeper()
         return fleet
 
     return make
@@ -301,7 +306,8 @@ def test_a_dead_childs_jobs_come_back_at_once_from_its_main_process_not_at_lease
     table = table_for(postgres_url)
     (_, victim), (_, survivor) = children(fleet.log("worker"))
 
-    xs = inputs(200, seed=5, sleep_s=0.3)
+    # Enough for each child to hold a batch; the victim's come back and run again one by one.
+    xs = inputs(100, seed=5, sleep_s=0.3)
     ids = submit_all(fleet, xs)
     table.wait_until(lambda: table.running_for(victim) > 0, "the victim running a batch", 60)
     os.kill(victim, signal.SIGKILL)
@@ -444,7 +450,8 @@ def test_a_job_canceled_while_claimed_or_running_ends_canceled_without_its_late_
         assert r.status_code == 200 and r.json()["status"] == "canceled", r.text
         expected[slow_id] = "canceled"
         canceled_at = table.rows([slow_id])[slow_id].finished_at
-        time.sleep(4)  # its batch ends now, and its result is fenced out
+        # Its batch ends (the task that claimed it logs its end), and its result is fenced out.
+        fleet.wait_until(lambda: "{'claimed': 1," in fleet.log("worker"), "the batch's end", 30)
         row = table.rows([slow_id])[slow_id]
         assert (row.status, row.outputs, row.finished_at) == ("canceled", None, canceled_at)
 
