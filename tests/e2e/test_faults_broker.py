@@ -70,6 +70,15 @@ def fleet(
     )
 
 
+def start(fleet: Fleet) -> None:
+    """The API, the sweeper and the worker, started at once: the worker's children load
+    TensorFlow while the other two get ready."""
+    fleet.start_api(wait=False)
+    fleet.start_sweeper(wait=False)
+    fleet.start_worker()
+    fleet.wait_sweeper()
+
+
 def inputs(count: int, *, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.normal(size=(int(rng.integers(1, 4)), 8)).astype(np.float32) for _ in range(count)]
@@ -150,10 +159,8 @@ def assert_each_ran_exactly_once(
 def test_500_queued_jobs_all_run_exactly_once_after_redis_restarts_without_them(
     fleet: Fleet, private_redis: PrivateRedis, model: Any
 ) -> None:
-    fleet.start_api()
-    fleet.start_worker()  # registers the model's signature, then goes away
+    start(fleet)  # the worker registers the model's signature, then goes away
     fleet.stop("worker")
-    fleet.start_sweeper()
     accepted = accept_all(fleet, inputs(500, seed=1))  # no worker: all wait in Redis
     with redis.Redis.from_url(private_redis.url) as client:
         assert queued(client) > 0
@@ -170,9 +177,7 @@ def test_500_queued_jobs_all_run_exactly_once_after_redis_restarts_without_them(
 def test_a_running_worker_keeps_consuming_after_redis_restarts(
     fleet: Fleet, private_redis: PrivateRedis, model: Any
 ) -> None:
-    fleet.start_api()
-    fleet.start_sweeper()
-    fleet.start_worker()
+    start(fleet)
     before = accept_all(fleet, inputs(20, seed=2))
     fleet.wait_until(lambda: worker_finished(fleet) == 20, "the first 20 jobs")
 
@@ -188,9 +193,7 @@ def test_a_running_worker_keeps_consuming_after_redis_restarts(
 def test_a_submit_while_redis_is_down_is_202_and_durable_and_runs_once_redis_is_back(
     fleet: Fleet, private_redis: PrivateRedis, model: Any
 ) -> None:
-    fleet.start_api()
-    fleet.start_sweeper()
-    fleet.start_worker()
+    start(fleet)
     warm = accept_all(fleet, inputs(1, seed=4))
     fleet.wait_until(lambda: worker_finished(fleet) == 1, "the first job")
 
@@ -212,9 +215,7 @@ def test_a_submit_while_redis_is_down_is_202_and_durable_and_runs_once_redis_is_
 def test_a_hung_redis_costs_a_submission_about_a_second_and_loses_no_job(
     fleet: Fleet, private_redis: PrivateRedis, model: Any
 ) -> None:
-    fleet.start_api()
-    fleet.start_sweeper()
-    fleet.start_worker()
+    start(fleet)
     warm = accept_all(fleet, inputs(1, seed=6))
     fleet.wait_until(lambda: worker_finished(fleet) == 1, "the first job")
 
@@ -258,7 +259,7 @@ class _Marker:
 def test_a_pickled_message_is_refused_not_run_and_the_worker_stays_healthy(
     fleet: Fleet, private_redis: PrivateRedis, model: Any, tmp_path: Path
 ) -> None:
-    fleet.start_api()
+    fleet.start_api(wait=False)  # ready before the worker is
     fleet.start_worker()
     # A queued job that no JSON wake-up names (as if the submit's publish had failed).
     x = inputs(1, seed=6)[0]
