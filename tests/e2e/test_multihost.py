@@ -33,7 +33,7 @@ FAST_RECOVERY = {
     "TFFLEET_MAX_ATTEMPTS": "3",
 }
 RATE = 30  # jobs submitted per second
-LOAD_S = 15  # at least, and until the new host has served a while
+LOAD_S = 10  # at least, and until the new host has served 3 s (the longer, as a rule)
 FORWARD_PASS_S = 0.3  # each batch holds its child this long: a kill finds batches running
 RECOVERY_LIMIT_S = 60  # hang detection only: leases of 6 s make it a few seconds
 
