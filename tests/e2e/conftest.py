@@ -119,7 +119,8 @@ class Fleet:
 
     def start_api(self, *, wait: bool = True) -> None:
         """`wait=False` returns once it is started: a `start_worker` right after waits for it
-        (it reads the models through the API), while the worker loads TensorFlow meanwhile."""
+        (it reads the models through the API), while the worker loads TensorFlow meanwhile;
+        else `wait_api`."""
         if not self.api_key:
             engine = make_engine(self.database_url)
             with make_sessionmaker(engine).begin() as session:
@@ -128,7 +129,10 @@ class Fleet:
             self.api_key = made.key
         self.start("api", "api")
         if wait:
-            self.wait_until(lambda: httpx.get(f"{self.url}/readyz").status_code == 200, "API ready")
+            self.wait_api()
+
+    def wait_api(self) -> None:
+        self.wait_until(lambda: httpx.get(f"{self.url}/readyz").status_code == 200, "API ready")
 
     def start_worker(self, *, expect_models: int = 1) -> None:
         since = datetime.now(UTC)

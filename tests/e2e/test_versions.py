@@ -107,7 +107,7 @@ def test_a_new_version_takes_over_under_steady_load_without_a_failed_job(
     fleet = fleet_factory(
         postgres_url, models, devices="cpu:2", extra_env={"TFFLEET_MODEL_POLL_S": "0.5"}
     )
-    fleet.start_api()
+    fleet.start_api(wait=False)  # ready while the worker loads TensorFlow
     fleet.start_worker()
 
     with SteadyLoad(fleet) as load:
@@ -157,6 +157,7 @@ def test_a_registered_model_takes_jobs_before_any_worker_and_runs_them_once_one_
     models = tmp_path / "models"
     model = build_mlp(models)
     fleet = fleet_factory(sqlite_url, models, devices="cpu:1")
+    fleet.start_api(wait=False)  # ready while the commands load TensorFlow; nothing cached yet
 
     nowhere = tffleet(fleet, "models", "register", str(models / "nope" / "1"))
     assert nowhere.returncode == 2
@@ -165,7 +166,7 @@ def test_a_registered_model_takes_jobs_before_any_worker_and_runs_them_once_one_
     assert registered.returncode == 0, registered.stderr
     assert "registered mlp:1 (saved_model); inputs x float32[?,8]" in registered.stdout
 
-    fleet.start_api()
+    fleet.wait_api()
     x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
     with fleet.http(timeout=60) as client:
         wrong = client.post("/v1/jobs", json={"model": "mlp", "inputs": [[1.0, 2.0]]})
@@ -211,7 +212,7 @@ def test_a_worker_serves_its_models_on_their_devices_and_reloads_on_request(
             outputs={"output_0": {"dtype": "float32", "shape": [-1, 3]}},
         )
     engine.dispose()
-    fleet.start_api()
+    fleet.start_api(wait=False)  # ready while the worker loads TensorFlow
     fleet.start("worker", "worker", "--models", "a")
     fleet.wait_until(
         lambda: devices(models_by_version(fleet).get(("a", 1), {"workers": []})) == ["cpu:1"],
@@ -260,7 +261,7 @@ def test_a_model_added_while_the_worker_runs_is_served_after_a_reload(
     fleet = fleet_factory(
         sqlite_url, models, devices="cpu:1", extra_env={"TFFLEET_MODEL_POLL_S": "60"}
     )
-    fleet.start_api()
+    fleet.start_api(wait=False)  # ready while the worker loads TensorFlow
     fleet.start_worker()
 
     shutil.copytree(tmp_path / "later" / "mnv2", models / "mnv2")
