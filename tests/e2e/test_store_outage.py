@@ -70,10 +70,11 @@ def fleet(
         extra_env={
             "TFFLEET_INLINE_MAX_BYTES": str(INLINE_MAX_BYTES),
             "TFFLEET_OBJECT_STORE": "s3://tffleet/outage",
+            "TFFLEET_MODEL_POLL_S": "1",  # its warm shutdown waits for a poll: 5 s by default
             **store.env,
         },
     )
-    fleet.start_api()
+    fleet.start_api(wait=False)  # ready while the worker loads TensorFlow
     fleet.start_worker()  # registers the mlp, then goes: the jobs stay queued till it is back
     fleet.stop("worker")
     return fleet, model
