@@ -312,7 +312,7 @@ def test_sigterm_under_load_drains_within_the_bound_and_a_new_worker_runs_the_re
 ) -> None:
     weights = build_faulty(tmp_path / "models")
     fleet = fleet_factory(postgres_url, tmp_path / "models", devices=DEVICES, extra_env=ENV)
-    fleet.start_api()
+    fleet.start_api(wait=False)  # ready while the worker loads TensorFlow
     fleet.start_worker()
     worker = fleet.procs["worker"]
     drained = child_pids(fleet.log("worker"))
