@@ -616,8 +616,9 @@ class Cluster:
     def ahttp(self, **kwargs: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, headers=self.headers, trust_env=False, **kwargs)
 
-    def start_api(self, host: Host) -> None:
-        """`tffleet migrate`, then `tffleet api`, on `host`; an admin key for the test."""
+    def start_api(self, host: Host, *, wait: bool = True) -> None:
+        """`tffleet migrate`, then `tffleet api`, on `host`; an admin key for the test.
+        `wait=False` returns once it is started (the schema made): then `wait_api`."""
         if not self.migrated:
             self.migrate(host)
             self.migrated = True
@@ -630,12 +631,16 @@ class Cluster:
             engine.dispose()
         self.api = host
         self.tffleet(host, "api", "api")
+        if wait:
+            self.wait_api()
 
+    def wait_api(self) -> None:
         def ready() -> bool:
             with self.http(timeout=5) as client:
                 return client.get("/readyz").status_code == 200
 
-        self.wait_until(ready, f"the API on {host.name} ({self.url}) ready")
+        assert self.api is not None
+        self.wait_until(ready, f"the API on {self.api.name} ({self.url}) ready")
 
     def start_worker(self, host: Host, devices: str) -> None:
         """`tffleet worker` on `host`; see `wait_workers` for when its children serve."""

@@ -179,10 +179,12 @@ def test_a_worker_host_killed_whole_under_load_loses_nothing_and_the_other_hosts
         reach = "import socket; socket.create_connection(('127.0.0.1', 5432), timeout=2)"
         with pytest.raises(RuntimeError, match="ConnectionRefusedError"):
             cluster.python(w1, reach)
-    cluster.start_api(api)
-    cluster.start_sweeper(sweeper)
+    # The workers load TensorFlow while the API and the sweeper get ready.
+    cluster.start_api(api, wait=False)
     cluster.start_worker(w1, "cpu:2")
     cluster.start_worker(w2, "cpu:1")
+    cluster.wait_api()
+    cluster.start_sweeper(sweeper)
     cluster.wait_workers(w1, 2)
     cluster.wait_workers(w2, 1)
     if cluster.own_hostnames:
