@@ -490,7 +490,13 @@ def fleet_figures(
         shutil.rmtree(repository / name)
     print("... (2) in-process CNN", file=sys.stderr, flush=True)
     call = InProcess(repository)
-    rates = {batch: call(batch)[0] for batch in (32, 64, 128)}
+    # Two passes in turns, each batch's best kept: one pass of 2 s each picked 64 over 32 by
+    # 3% in two runs where 32 beat 64 by 15-20% in longer runs of the same call, and the fleet
+    # at 64 then ran at 0.70-0.77 of it (0.84-0.89 at 32, the same code).
+    rates = dict.fromkeys((32, 64, 128), 0.0)
+    for _ in range(2):
+        for size in rates:
+            rates[size] = max(rates[size], call(size)[0])
     batch = max(rates, key=rates.__getitem__)
     print(f"    {rates}", file=sys.stderr, flush=True)
     # The fleet's CNN batches as the in-process call at its best does (bench.run's model.toml
