@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -93,12 +94,28 @@ def test_a_task_runs_the_jobs_it_hears_of_after_its_queue_ran_dry_and_no_message
 
     batcher = Batcher(sessions=sessions, owner="t1", lease_s=30, notify=lambda _: None)
     batcher.listener = listener
-    later = threading.Timer(0.02, arrive)  # within LINGER_S of the first batch
-    later.start()
+    # Once it listens and has found its queue dry, not on a timer: on a loaded machine a 20 ms
+    # timer fired before the first claim, which then took both jobs without hearing of one.
+    later = threading.Thread(target=arrive)
+    wait = listener.wait
+
+    def arrives_while_it_listens(model: str, version: int, *, waiting: Any, **kw: Any) -> bool:
+        if later.ident is not None:  # lingering again, after the second job's batch
+            return wait(model, version, waiting=waiting, **kw)
+
+        def dry_then_arrive() -> bool:
+            found = waiting()
+            later.start()
+            return bool(found)
+
+        # Up to 30 s, not LINGER_S (the machine may be slow): it ends once it hears the publish.
+        return wait(model, version, waiting=dry_then_arrive, seconds=30)
+
+    listener.wait = arrives_while_it_listens  # type: ignore[method-assign]
     report = batcher.run(
         model="m", version=1, job_ids=[named], runner=FakeRunner(), policy=policy()
     )
-    later.join()
+    later.join(timeout=30)
 
     assert report.claimed == 2 and publisher.heard == 1
     assert_own_outputs(sessions, named, first)
