@@ -36,12 +36,15 @@ def listener(redis_url: str) -> Listener:
 def test_a_publish_while_it_listens_is_heard_at_once(
     listener: Listener, publisher: Publisher
 ) -> None:
-    later = threading.Timer(
-        0.1, lambda: publisher.publish(model="m", version=1, job_ids=["a"], once=True)
+    later = threading.Thread(
+        target=lambda: publisher.publish(model="m", version=1, job_ids=["a"], once=True)
     )
-    later.start()
 
-    assert listener.wait("m", 1, waiting=lambda: False, seconds=30)
+    def dry_then_publish() -> bool:  # read once it is subscribed: the publish comes after
+        later.start()
+        return False
+
+    assert listener.wait("m", 1, waiting=dry_then_publish, seconds=30)
     later.join()
     assert publisher.heard == 1
 
