@@ -491,17 +491,6 @@ class Host:
         for proc in self.procs.values():
             proc.wait(timeout=30)
 
-    def stop(self, *, timeout_s: float = 10) -> None:
-        self.signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-
     def owns(self, pid: int) -> bool:
         """Whether `pid` runs (or ran, as a worker child seen earlier) on this host."""
         if pid in self.child_pids:
