@@ -100,11 +100,14 @@ async def test_the_stream_sends_running_when_a_worker_claims_the_job(
 ) -> None:
     monkeypatch.setattr(events, "QUEUED_RECHECK_S", 0.1)
     job = await submit(api.client)
+    queued, running = once_sent(monkeypatch, b"queued.0"), once_sent(monkeypatch, b"running.1")
 
-    def worker() -> None:
-        time.sleep(0.3)
+    def worker() -> None:  # each step once the stream has shown the one before
+        if not queued.wait(timeout=30):
+            return
         lease = claim(sessions, job["id"])
-        time.sleep(0.5)
+        if not running.wait(timeout=30):
+            return
         with sessions.begin() as session:
             jobs.fail(
                 session=session, leases=[lease], code=JobErrorCode.MODEL_ERROR, message="boom"
@@ -134,11 +137,31 @@ async def test_b64_encoding_sends_outputs_as_envelopes(api: Api, sessions: Sessi
     assert orjson.loads(only["data"])["outputs"]["y"]["dtype"] == "float32"
 
 
-def complete_later(sessions: Sessions, lease: jobs.Lease, redis_url: str) -> threading.Thread:
-    """Complete a claimed job from another thread a moment later, and announce it."""
+def once_sent(monkeypatch: pytest.MonkeyPatch, marker: bytes) -> threading.Event:
+    """Set once an event stream has sent a chunk holding `marker`: a test ends its job then,
+    not on a timer (on a loaded machine the stream may not have begun when a timer fires)."""
+    seen = threading.Event()
+    stream = events._events
+
+    async def watched(*args: Any, **kwargs: Any) -> Any:
+        async for chunk in stream(*args, **kwargs):
+            if marker in chunk:
+                seen.set()
+            yield chunk
+
+    monkeypatch.setattr(events, "_events", watched)
+    return seen
+
+
+def complete_later(
+    sessions: Sessions, lease: jobs.Lease, redis_url: str, *, after: threading.Event
+) -> threading.Thread:
+    """Complete a claimed job from another thread once `after` is set, and announce it."""
 
     def run() -> None:
-        time.sleep(0.3)
+        if not after.wait(timeout=30):
+            return
+        _until_subscribed(redis_url)
         with sessions.begin() as session:
             assert jobs.complete(session=session, results=[(lease, tensors.pack(OUTPUTS))]) == 1
         with redis.Redis.from_url(redis_url) as client:
@@ -150,12 +173,12 @@ def complete_later(sessions: Sessions, lease: jobs.Lease, redis_url: str) -> thr
 
 
 async def test_last_event_id_resumes_with_later_states_only(
-    api: Api, sessions: Sessions, redis_url: str
+    api: Api, sessions: Sessions, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = await submit(api.client)
     url = f"/v1/jobs/{job['id']}/events"
     lease = claim(sessions, job["id"])
-    thread = complete_later(sessions, lease, redis_url)
+    thread = complete_later(sessions, lease, redis_url, after=once_sent(monkeypatch, b"running.1"))
 
     # Seen queued: from running on.
     response = await api.client.get(url, headers={"Last-Event-ID": "queued.0"})
@@ -255,19 +278,10 @@ async def test_a_quiet_stream_sends_keep_alive_comments(
 ) -> None:
     monkeypatch.setattr(events, "KEEP_ALIVE_S", 0.2)
     monkeypatch.setattr(events, "QUEUED_RECHECK_S", 0.1)
-    kept_alive = threading.Event()
-    stream = events._events
-
-    async def watched(*args: Any, **kwargs: Any) -> Any:
-        async for chunk in stream(*args, **kwargs):
-            if chunk == b": keep-alive\n\n":
-                kept_alive.set()
-            yield chunk
-
-    monkeypatch.setattr(events, "_events", watched)
+    kept_alive = once_sent(monkeypatch, b": keep-alive")
     job = await submit(api.client)
 
-    def finish_once_kept_alive() -> None:  # not on a timer: a loaded machine is slow to start
+    def finish_once_kept_alive() -> None:
         if kept_alive.wait(timeout=30):
             _until_subscribed(redis_url)
             finish_job(sessions, job["id"], OUTPUTS, announce_to=redis_url)
