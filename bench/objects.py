@@ -258,7 +258,7 @@ def run_api_cpu(
     finally:
         group.stop()
         if seaweed is not None:
-            seaweed.stop()
+            seaweed.kill()
 
 
 # (2) 16 CNN jobs through a fleet, (3) what they leave in the database

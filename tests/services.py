@@ -257,13 +257,10 @@ class PrivateSeaweed:
                     os.environ[name] = value
 
     def kill(self) -> None:
+        """SIGKILL: the store goes away at once, as in a crash, its data and ports kept for
+        `start` to bring it back as it was. (A SIGTERM's graceful stop takes `weed` 10 to 25 s.)
+        """
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
-
-    def stop(self) -> None:
-        """SIGKILL: the store goes away at once, as in a crash, its data and ports kept for
-        `start` to bring it back as it was. (A SIGTERM's graceful stop takes `weed` 10 to 25 s.)
-        """
-        self.kill()

@@ -130,7 +130,7 @@ def test_jobs_queued_when_the_store_goes_away_all_run_once_it_is_back(
     before = rows(running)
     assert before == {"jobs": 4, "job_uploads": 2, "uploads": 2}
 
-    store.stop()
+    store.kill()
 
     with running.http(timeout=120) as client:
         big = client.post("/v1/jobs", json={"model": "mlp", "inputs": {"x": xs[0].tolist()}})
