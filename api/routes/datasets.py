@@ -73,8 +73,9 @@ async def put_dataset(
     `tffleet://datasets/<path>` (the caller's tenant's own). The body is the file's bytes,
     streamed in, never held whole: 201 `{"uri", "size"}` (200 with `?overwrite=true` where a
     file was replaced). 409 where a file is at the path already, 413 past
-    TFFLEET_MAX_UPLOAD_BYTES, 422 naming `path` for one with an empty, `.` or `..` part or a
-    trailing `/`; a failed write leaves no file, or the one that was there."""
+    TFFLEET_MAX_UPLOAD_BYTES, 422 naming `path` for one with an empty, `.` or `..` part, a
+    part ending with `:` or `|`, or a trailing `/`; a failed write leaves no file, or the one
+    that was there."""
     state = get_state(request)
     caller = await state.auth(request)
     uri, key = _where(state, caller.tenant, path)

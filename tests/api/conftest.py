@@ -269,7 +269,8 @@ def finish_job(
 
 @pytest.fixture
 def finish_later(sessions: Sessions) -> Iterator[Callable[..., threading.Thread]]:
-    """Finish a job from another thread after `delay_s`, while a request waits on it."""
+    """Finish a job from another thread after `delay_s` (and once `after` is set, when given),
+    while a request waits on it."""
     threads: list[threading.Thread] = []
     errors: list[BaseException] = []
 
@@ -279,9 +280,12 @@ def finish_later(sessions: Sessions) -> Iterator[Callable[..., threading.Thread]
         *,
         delay_s: float,
         announce_to: str | None = None,
+        after: threading.Event | None = None,
     ) -> threading.Thread:
         def run() -> None:
             try:
+                if after is not None and not after.wait(timeout=30):
+                    raise TimeoutError("the event to finish the job after never came")
                 time.sleep(delay_s)
                 if announce_to is not None:
                     _until_subscribed(announce_to)

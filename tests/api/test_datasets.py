@@ -92,6 +92,8 @@ async def test_a_file_there_is_kept_unless_overwrite(
         "%2E%2E/acme/x.csv",
         "a%03b.csv",
         "%7F",
+        "%7CE%5Cu%5Dr%7C",  # `|E\u]r|`: found by test_fuzz (obstore's directory store 503'd)
+        "a/b:",
     ],
 )
 @pytest.mark.parametrize("object_store_url", ["file"], indirect=True)

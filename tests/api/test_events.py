@@ -77,7 +77,8 @@ async def test_the_stream_sends_queued_then_succeeded_with_outputs_and_ends(
     api.state.waiter.recheck_s = 30.0
     job = await submit(api.client)
     started = time.monotonic()
-    finish_later(job["id"], OUTPUTS, delay_s=0.3, announce_to=redis_url)
+    queued_sent = once_sent(monkeypatch, b"queued.0")
+    finish_later(job["id"], OUTPUTS, delay_s=0.1, announce_to=redis_url, after=queued_sent)
 
     response = await api.client.get(f"/v1/jobs/{job['id']}/events")
 

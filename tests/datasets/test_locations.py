@@ -34,6 +34,8 @@ def test_fleet_uris_are_the_callers_tenant(settings: Settings) -> None:
         ("tffleet://datasets/", "names no file or folder"),
         ("tffleet://datasets/a/../../other/datasets/x", "no empty, . or .. part"),
         ("tffleet://datasets/a//b", "no empty, . or .. part"),
+        ("tffleet://datasets/a/b|", "may not end with ':' or '|'"),
+        ("tffleet://datasets/c:/", "may not end with ':' or '|'"),
         ("file:///etc/passwd", "not under a location the fleet allows to be read"),
         ("s3://elsewhere/a.csv", "not under a location the fleet allows to be read"),
         (f"s3://{S3_BUCKET}/other/a.csv", "not under a location the fleet allows"),

@@ -107,6 +107,11 @@ def _check_parts(uri: str, path: str, *, allow_folder: bool) -> None:
         parts = parts[:-1]
     if any(part in ("", ".", "..") for part in parts):
         raise LocationRefused(f"{uri}: a path may have no empty, . or .. part")
+    # obstore's directory store cannot stage a file whose name ends so (it fails the rename
+    # into place: a 503 that is the name's fault); refused on every store, so a name is good
+    # wherever the fleet's store lives.
+    if any(part.endswith((":", "|")) for part in parts):
+        raise LocationRefused(f"{uri}: a path's part may not end with ':' or '|'")
 
 
 def _fleet(uri: str, folder: str, path: str, tenant: str, settings: Settings) -> Location:
