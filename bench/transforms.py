@@ -124,8 +124,9 @@ class Model:
 
         self.runner = load(ModelSpec(path.parent.name, 1, path, "saved_model", ModelConfig()))
 
-    def best_batch(self) -> tuple[int, dict[int, float]]:
-        """The batch size at which the model alone runs most records a second."""
+    def best_batch(self, seconds: float) -> tuple[int, dict[int, float]]:
+        """The batch size at which the model alone runs most records a second (`seconds` at
+        each candidate)."""
         rates = {}
         for size in CANDIDATES:
             batch = {
@@ -134,7 +135,7 @@ class Model:
             }
             self.runner.run(batch)  # traced and warmed
             started, runs = time.perf_counter(), 0
-            while time.perf_counter() - started < 1.0:
+            while time.perf_counter() - started < seconds:
                 self.runner.run(batch)
                 runs += 1
             rates[size] = size * runs / (time.perf_counter() - started)
@@ -245,7 +246,7 @@ def fleet_cases(work: Path, args: argparse.Namespace) -> list[Case]:
     write_parquet(folder / "mlp.parquet", "x", args.mlp_records, MLP_IN)
     models = {name: Model(repository / name / "1") for name in ("cnn", "mlp")}
     for name, model in models.items():
-        best, rates = model.best_batch()
+        best, rates = model.best_batch(args.sweep_s)
         _progress(f"{name} alone, records/s by batch: { {k: round(v) for k, v in rates.items()} }")
         # The fleet's model runs at the same batch: its shards' reads and forward passes.
         (repository / name / "model.toml").write_text(f"max_batch_size = {best}\n")
@@ -451,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mlp-records", type=int, default=1_000_000)
     parser.add_argument("--shard-records", type=int, default=10_000, help="(1), (2)")
     parser.add_argument("--rounds", type=int, default=2, help="(1), (2): in turns")
+    parser.add_argument(
+        "--sweep-s", type=float, default=1.0, help="(1), (2): seconds at each candidate batch"
+    )
     parser.add_argument("--n", default="1,2,4,8", help="(3): children, comma-separated")
     parser.add_argument("--device-s", type=float, default=0.25, help="(3): per batch")
     parser.add_argument("--batch", type=int, default=256, help="(3): max_batch_size")
@@ -469,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.cnn_records, args.mlp_records, args.shard_records = 1024, 8192, 4096
         args.rounds, args.n, args.shards_per_child, args.sim_shard = 1, "1,2", 2, 1024
+        args.sweep_s = 0.2
     args.n = [int(n) for n in args.n.split(",") if n.strip()]
     with tempfile.TemporaryDirectory(prefix="tffleet-bench-transforms-") as tmp:
         work = Path(tmp)
