@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import itertools
 import os
 import shutil
 import statistics
@@ -339,6 +340,11 @@ def client_round(url: str, images: np.ndarray, meter: Meter, jobs: int) -> Load:
     return load
 
 
+def job_images() -> np.ndarray:
+    """The SAMPLES images of every job of (2), and of the in-process call beside it."""
+    return np.random.default_rng(2).random(size=(SAMPLES, *IMAGE), dtype=np.float32)
+
+
 def live_bytes(database_url: str) -> int:
     """The SQLite database's pages in use (WAL included: read through a connection)."""
     with create_engine(database_url).connect() as conn:
@@ -363,7 +369,7 @@ def run_fleet(
 
     fleet = Fleet(work, repository, redis_url, "cpu:1")
     fleet.env.update(env)
-    images = np.random.default_rng(2).random(size=(SAMPLES, *IMAGE), dtype=np.float32)
+    images = job_images()
     url = f"http://127.0.0.1:{fleet.port}"
     try:
         fleet.start_api()
@@ -410,24 +416,26 @@ def run_fleet(
 
 
 class InProcess:
-    """The CNN's SavedModel called in this process, as `bench.run` (1) calls it: samples/s, and
-    CPU per job of SAMPLES (this process's, its TensorFlow threads included)."""
+    """The CNN's SavedModel called in this process on a job's images, as a script holding them
+    would call it: a batch at a time, each the next slice of the SAMPLES images (a numpy array,
+    as the fleet's jobs hold them), its outputs read back as numpy. Samples/s, and CPU per job of
+    SAMPLES (this process's, its TensorFlow threads included)."""
 
-    def __init__(self, repository: Path) -> None:
+    def __init__(self, repository: Path, images: np.ndarray) -> None:
         import tensorflow as tf
 
-        self._tf = tf
         self._fn = tf.saved_model.load(str(repository / "cnn" / "1")).signatures["serving_default"]
         (self._name,) = self._fn.structured_input_signature[1]
+        self._images = images
 
     def __call__(self, batch: int, seconds: float = 2.0) -> tuple[float, float]:
-        rng = np.random.default_rng(0)
-        x = self._tf.constant(rng.normal(size=(batch, *IMAGE)).astype(np.float32))
+        starts = itertools.cycle(range(0, len(self._images) - batch + 1, batch))
         for _ in range(5):
-            self._fn(**{self._name: x})
+            self._fn(**{self._name: self._images[:batch]})
         runs, started, cpu = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - started < seconds:
-            for value in self._fn(**{self._name: x}).values():
+            start = next(starts)
+            for value in self._fn(**{self._name: self._images[start : start + batch]}).values():
                 value.numpy()
             runs += 1
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -489,7 +497,7 @@ def fleet_figures(
     for name in ("mlp", "mlp_unbatched", "tiny"):  # the worker loads only the CNN
         shutil.rmtree(repository / name)
     print("... (2) in-process CNN", file=sys.stderr, flush=True)
-    call = InProcess(repository)
+    call = InProcess(repository, job_images())
     # Two passes in turns, each batch's best kept: one pass of 2 s each picked 64 over 32 by
     # 3% in two runs where 32 beat 64 by 15-20% in longer runs of the same call, and the fleet
     # at 64 then ran at 0.70-0.77 of it (0.84-0.89 at 32, the same code).
