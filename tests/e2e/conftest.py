@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import redis
 from sqlalchemy import text
@@ -31,6 +33,7 @@ from db import tenants
 from db.engine import make_engine, make_sessionmaker
 from db.models import DEFAULT_TENANT
 from tests.conftest import mark_each_module, service_missing
+from tests.e2e.faults import FAST_RECOVERY, Jobs
 from tests.e2e.models import build_faulty, build_mlp
 from tests.formats import (
     build_frozen_graph,
@@ -245,6 +248,61 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     server.start()
     yield server
     server.kill()
+
+
+# The worker fault tests' fleet (test_faults_kill, test_faults_worker, test_split), with the
+# short leases and helpers of tests/e2e/faults.py
+
+
+@pytest.fixture
+def no_core_files() -> Iterator[None]:
+    """The children these tests crash leave no core files (the limit is inherited)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+
+
+@pytest.fixture
+def fault_fleet(fleet_factory: Callable[..., Fleet], no_core_files: None) -> Callable[..., Fleet]:
+    """Start an API, a worker and (unless sweeper=False) a sweeper, with FAST_RECOVERY."""
+
+    def make(
+        database_url: str, models: Path, *, devices: str, sweeper: bool = True, **env: str
+    ) -> Fleet:
+        fleet = fleet_factory(
+            database_url, models, devices=devices, extra_env={**FAST_RECOVERY, **env}
+        )
+        # All three start at once: the API and the sweeper are up long before the worker's
+        # children have loaded TensorFlow.
+        fleet.start_api(wait=False)
+        if sweeper:
+            fleet.start_sweeper(wait=False)
+        fleet.start_worker()
+        if sweeper:
+            fleet.wait_sweeper()
+        return fleet
+
+    return make
+
+
+@pytest.fixture
+def faulty(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    models = tmp_path / "models"
+    return models, build_faulty(models)
+
+
+@pytest.fixture
+def table_for() -> Iterator[Callable[[str], Jobs]]:
+    opened: list[Jobs] = []
+
+    def make(url: str) -> Jobs:
+        opened.append(Jobs(url))
+        return opened[-1]
+
+    yield make
+    for table in opened:
+        table.close()
 
 
 # One fleet for the modules that only submit and read

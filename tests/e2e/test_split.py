@@ -17,14 +17,13 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
-from tests.e2e import test_faults_worker as faults
 from tests.e2e.conftest import Fleet, clean_database
+from tests.e2e.faults import Jobs
 from tests.e2e.models import SLEEP_COLUMN, build_faulty
-from tests.e2e.test_faults_worker import Jobs
 from tffleet import tensors
 
-# The fault tests' fleet (a sweeper beside it, short leases) and view of the jobs table.
-fault_fleet, no_core_files, table_for = faults.fault_fleet, faults.no_core_files, faults.table_for
+# The fault tests' fleet (a sweeper beside it, short leases: `fault_fleet`) and view of the jobs
+# table (`table_for`) are fixtures of conftest.py.
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -53,7 +53,7 @@ SLEEP_S = 0.25  # each forward pass: a shard runs about 2.5 s, several progress 
 SHARDS = RECORDS // SHARD_RECORDS
 DATASET = "faults/in.parquet"
 
-# Short leases and a sweeper that looks twice a second (as tests/e2e/test_faults_worker.py).
+# Short leases and a sweeper that looks twice a second (as tests/e2e/faults.py).
 FAST_RECOVERY = {
     "TFFLEET_LEASE_S": "3",
     "TFFLEET_SWEEP_INTERVAL_S": "0.5",
