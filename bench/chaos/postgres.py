@@ -1,7 +1,7 @@
 """A PostgreSQL server of the chaos run's own, which it may restart without disturbing anyone.
 
 The machine's cluster serves other tests and other people: the run starts a private one instead,
-the fault tests' (tests/e2e/test_faults_worker.py: `initdb` and `pg_ctl` from the server
+the fault tests' (tests/services.py `PrivatePostgres`: `initdb` and `pg_ctl` from the server
 package, on a free loopback port, as the `postgres` user when root), restarts that, and removes
 it at the end. Where it cannot be made, `private_postgres` yields None and the run uses the test
 server, without the restart fault.
@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.e2e.test_faults_worker import PrivatePostgres, _postgres_bin
+from tests.services import PrivatePostgres, postgres_bin
 from tffleet.cli.process_group import free_port
 
 
@@ -30,7 +30,7 @@ class RestartablePostgres(PrivatePostgres):
 
 @contextlib.contextmanager
 def private_postgres() -> Iterator[RestartablePostgres | None]:
-    bindir = _postgres_bin()
+    bindir = postgres_bin()
     if bindir is None:
         yield None
         return

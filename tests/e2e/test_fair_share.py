@@ -76,6 +76,8 @@ def test_a_tenants_one_job_at_a_time_ends_while_anothers_backlog_is_still_queued
 
     print(f"web's jobs took {[round(s, 3) for s in latencies]} s; bulk still queued: {left}")
     # In FIFO order each of web's jobs would end only after every bulk job queued before it: none
-    # would be left. Thousands left, at each of them, is fair share; how many exactly depends on
-    # how fast the worker drains the backlog while the API is still storing it.
-    assert min(left) > BACKLOG // 10, "web's jobs waited for the bulk backlog to drain"
+    # would be left. Some left at each of them is fair share. How many depends on how fast the
+    # worker drains the backlog while the API is still storing it and between the probes: 2,337
+    # down to 293 in a run on a loaded machine (three test processes on two cores), more on a
+    # quiet one: so "some" is asked, not a share of the backlog.
+    assert min(left) > 0, "web's jobs waited for the bulk backlog to drain"

@@ -20,7 +20,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -41,6 +40,7 @@ from tests.e2e.faults import (
     submit_all,
 )
 from tests.e2e.models import build_faulty
+from tests.services import PrivatePostgres, postgres_bin
 from tffleet.broker import queue_for, queue_lists
 from tffleet.cli.process_group import free_port
 
@@ -180,55 +180,9 @@ def test_sigterm_lets_the_running_batch_finish_and_leaves_queued_jobs_for_the_ne
 # (5) PostgreSQL goes away
 
 
-@dataclass
-class PrivatePostgres:
-    """A PostgreSQL server of the test's own, to stop and start at will (never the shared one)."""
-
-    bin: Path
-    root: Path
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *args: str) -> None:
-        command = [str(self.bin / args[0]), *args[1:]]
-        if os.geteuid() == 0:  # postgres refuses to run as root
-            command = ["runuser", "-u", "postgres", "--", *command]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        if result.returncode != 0:
-            log = self.root / "server.log"
-            tail = log.read_text()[-2000:] if log.exists() else ""
-            raise RuntimeError(f"{args[0]} failed: {result.stdout}{result.stderr}{tail}")
-
-    def init(self) -> None:
-        self._run("initdb", "-D", str(self.root / "data"), "-A", "trust", "-U", "postgres",
-                  "-E", "UTF8", "--no-sync", "--no-instructions")  # fmt: skip
-
-    def start(self) -> None:
-        options = (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        )
-        self._run("pg_ctl", "-D", str(self.root / "data"), "-l", str(self.root / "server.log"),
-                  "-o", options, "-w", "-t", "30", "start")  # fmt: skip
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "-D", str(self.root / "data"), "-m", mode, "-w", "-t", "30", "stop")
-
-
-def _postgres_bin() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
-    if found:
-        return found[-1].parent
-    initdb = shutil.which("initdb")
-    return Path(initdb).parent if initdb else None
-
-
 @pytest.fixture
 def private_postgres() -> Iterator[PrivatePostgres]:
-    bindir = _postgres_bin()
+    bindir = postgres_bin()
     if bindir is None:
         service_missing("initdb (a PostgreSQL server to stop and restart)", FileNotFoundError())
     root = Path(tempfile.mkdtemp(prefix="tffleet-pg-"))
