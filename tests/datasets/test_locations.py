@@ -34,8 +34,6 @@ def test_fleet_uris_are_the_callers_tenant(settings: Settings) -> None:
         ("tffleet://datasets/", "names no file or folder"),
         ("tffleet://datasets/a/../../other/datasets/x", "no empty, . or .. part"),
         ("tffleet://datasets/a//b", "no empty, . or .. part"),
-        ("tffleet://datasets/a/b|", "may not end with ':' or '|'"),
-        ("tffleet://datasets/c:/", "may not end with ':' or '|'"),
         ("file:///etc/passwd", "not under a location the fleet allows to be read"),
         ("s3://elsewhere/a.csv", "not under a location the fleet allows to be read"),
         (f"s3://{S3_BUCKET}/other/a.csv", "not under a location the fleet allows"),
@@ -46,6 +44,16 @@ def test_refused_uris_name_themselves(settings: Settings, uri: str, says: str) -
     with pytest.raises(LocationRefused) as refused:
         resolve(uri, TENANT, settings)
     assert str(refused.value).startswith(uri.split("?")[0]) and says in str(refused.value)
+
+
+@pytest.mark.parametrize("uri", ["tffleet://datasets/a/b|", "tffleet://transforms/c:/"])
+def test_a_part_ending_with_a_colon_or_a_bar_is_refused_for_a_write_only(
+    settings: Settings, uri: str
+) -> None:
+    # obstore's directory store cannot write such a file; another store may hold one to read.
+    with pytest.raises(LocationRefused, match=r"may not end with ':' or '\|'"):
+        resolve(uri, TENANT, settings, write=True)
+    assert resolve(uri, TENANT, settings).uri == uri
 
 
 def test_allowed_directory_not_beyond_it(settings: Settings, allowed_dir: Path) -> None:

@@ -90,9 +90,9 @@ def resolve(uri: str, tenant: str, settings: Settings, *, write: bool = False) -
         raise LocationRefused(f"{uri}: a location takes no ?query or #fragment")
     path = unquote(parts.path)
     if parts.scheme == FLEET_SCHEME:
-        return _fleet(uri, parts.netloc, path, tenant, settings)
+        return _fleet(uri, parts.netloc, path, tenant, settings, write=write)
     if parts.scheme in ("file", "s3"):
-        _check_parts(uri, path.lstrip("/"), allow_folder=True)
+        _check_parts(uri, path.lstrip("/"), allow_folder=True, write=write)
         return _allowed(uri, parts.scheme, parts.netloc, path, settings, doing)
     raise LocationRefused(
         f"{uri}: a transform's files are tffleet://datasets/..., or file:// and s3:// under "
@@ -100,21 +100,24 @@ def resolve(uri: str, tenant: str, settings: Settings, *, write: bool = False) -
     )
 
 
-def _check_parts(uri: str, path: str, *, allow_folder: bool) -> None:
-    """No empty, `.` or `..` part anywhere (a trailing `/` of a folder aside)."""
+def _check_parts(uri: str, path: str, *, allow_folder: bool, write: bool) -> None:
+    """No empty, `.` or `..` part anywhere (a trailing `/` of a folder aside); to be written,
+    no part ending with `:` or `|`."""
     parts = path.split("/")
     if allow_folder and len(parts) > 1 and parts[-1] == "":
         parts = parts[:-1]
     if any(part in ("", ".", "..") for part in parts):
         raise LocationRefused(f"{uri}: a path may have no empty, . or .. part")
     # obstore's directory store cannot stage a file whose name ends so (it fails the rename
-    # into place: a 503 that is the name's fault); refused on every store, so a name is good
-    # wherever the fleet's store lives.
-    if any(part.endswith((":", "|")) for part in parts):
+    # into place: a 503 that is the name's fault); refused for a write on every store, so a name
+    # is good wherever the fleet's store lives. Reading such a file is left alone.
+    if write and any(part.endswith((":", "|")) for part in parts):
         raise LocationRefused(f"{uri}: a path's part may not end with ':' or '|'")
 
 
-def _fleet(uri: str, folder: str, path: str, tenant: str, settings: Settings) -> Location:
+def _fleet(
+    uri: str, folder: str, path: str, tenant: str, settings: Settings, *, write: bool
+) -> Location:
     if folder not in FLEET_FOLDERS:
         raise LocationRefused(
             f"{uri}: the fleet's store holds a transform's files under "
@@ -123,7 +126,7 @@ def _fleet(uri: str, folder: str, path: str, tenant: str, settings: Settings) ->
     path = path.lstrip("/")
     if not path:
         raise LocationRefused(f"{uri}: names no file or folder under tffleet://{folder}/")
-    _check_parts(uri, path, allow_folder=True)
+    _check_parts(uri, path, allow_folder=True, write=write)
     return Location(_fleet_store(settings.object_store), f"{tenant}/{folder}/{path}", uri)
 
 
