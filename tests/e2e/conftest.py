@@ -177,8 +177,9 @@ class Fleet:
 
     def stop_all(self) -> None:
         """At a test's end: SIGKILL to every process group at once. A test that checks how a
-        process stops stops it itself; a worker's warm shutdown waits for its children's model
-        poll (5 s by default), and nothing here needs one."""
+        process stops stops it itself; a worker's warm shutdown takes two seconds or more (each
+        child sleeps a second after telling the pool it exits: billiard's `Worker._do_exit`),
+        and nothing here needs one."""
         procs = [self.procs.pop(name) for name in list(self.procs)]
         for proc in procs:  # the group even where its leader is gone: its children may not be
             with contextlib.suppress(ProcessLookupError):

@@ -38,7 +38,7 @@ FAST_RECOVERY = {
     "TFFLEET_SWEEP_INTERVAL_S": "0.5",
     "TFFLEET_REPUBLISH_AFTER_S": "2",
     "TFFLEET_MAX_ATTEMPTS": "3",
-    "TFFLEET_MODEL_POLL_S": "1",  # a warm shutdown waits for the children's poll (5 s otherwise)
+    "TFFLEET_MODEL_POLL_S": "1",  # children rescan and report every second (5 s by default)
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
 

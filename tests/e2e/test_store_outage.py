@@ -70,7 +70,7 @@ def fleet(
         extra_env={
             "TFFLEET_INLINE_MAX_BYTES": str(INLINE_MAX_BYTES),
             "TFFLEET_OBJECT_STORE": "s3://tffleet/outage",
-            "TFFLEET_MODEL_POLL_S": "1",  # its warm shutdown waits for a poll: 5 s by default
+            "TFFLEET_MODEL_POLL_S": "1",  # children rescan and report every second
             **store.env,
         },
     )
