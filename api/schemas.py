@@ -100,7 +100,15 @@ class JobStatusQuery(BaseModel):
 
     ids: list[BodyJobId] = Field(min_length=1, max_length=10_000)
     wait: float = Field(
-        default=0, ge=0, le=30, description="Hold until one of the unfinished jobs ends, seconds."
+        default=0,
+        ge=0,
+        le=30,
+        description="Hold until one of the unfinished jobs ends (see `until`), seconds.",
+    )
+    until: Literal["any", "all"] = Field(
+        default="any",
+        description="With `wait`: answer once one of the unfinished jobs ends (`any`), or once "
+        "every one has (`all`: a client waiting for all of them asks once, not once a batch).",
     )
     encoding: Literal["json", "b64"] = "json"
 

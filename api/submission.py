@@ -8,7 +8,6 @@ the Open Inference Protocol) call these; none of them stores or waits any other 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import re
@@ -270,37 +269,57 @@ async def wait_for(
 ) -> list[dict[str, Any]]:
     """Read the jobs (404 unless `caller` may see every one); hold until one that was unfinished
     ends (`until="all"`: until every one has), or `wait_s` passes. `known`: the jobs as the
-    caller just read them, outputs left out, which saves the first read while none has ended."""
+    caller just read them, outputs left out, which saves the first read while none has ended.
+
+    With `until="all"` the database is read again only once every pending job was announced,
+    at the periodic re-check, or after the channel was lost: a wait for a thousand jobs that
+    end a batch at a time costs a read or two, not one a batch."""
     read = (job_ids, encoding, caller.scope)
     if wait_s <= 0 or state.waiter.watches >= state.settings.max_long_polls:
         # Past the limit a long-poll is answered at once: the client asks again, and no flood of
         # held requests holds this process's memory and sockets.
         return await state.reader(read)
+    waiter = state.waiter
     deadline = asyncio.get_running_loop().time() + wait_s
     # Watch before the first read: an announcement between the two would otherwise be missed.
-    with state.waiter.watch(*job_ids) as ended:
+    with waiter.watch(*job_ids) as ended:
         if known is not None and not any(out["status"] in _FINISHED for out in known):
             outs = known
         else:
             outs = await state.reader(read)
         pending = {out["id"] for out in outs if out["status"] not in _FINISHED}
+        stale = False  # woken, but not read since: some pending job was not announced yet
         while pending:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ended.wait(), min(remaining, state.waiter.recheck_s))
+            losses = waiter.losses
+            try:
+                await asyncio.wait_for(ended.wait(), min(remaining, waiter.recheck_s))
+                rechecked = False
+            except TimeoutError:
+                rechecked = True
             ended.clear()
+            if (
+                until == "all"
+                and not rechecked
+                and waiter.losses == losses
+                and not all(waiter.announced(job_id) for job_id in pending)
+            ):
+                stale = True
+                continue
             # Woken by an announcement, or by the periodic re-check: the database decides,
             # unless the workers announced every job still pending whole.
             outs = _from_announcements(state, outs, pending, encoding) or await state.reader(read)
+            stale = False
             ended_now = {out["id"] for out in outs if out["status"] in _FINISHED} & pending
             if ended_now and until == "any":
                 break
             pending -= ended_now
-        if outs is known and pending:
-            # As stored and never read since: where the unfinished ones stand is read now (a
-            # submission that waits is stored without it, api.ingest.Submission).
+        if stale or (outs is known and pending):
+            # Where the unfinished ones stand is read now: some ended unread, or the jobs are as
+            # stored and never read since (a submission that waits is stored without its
+            # position, api.ingest.Submission).
             outs = await state.reader(read)
         return outs
 

@@ -48,6 +48,7 @@ class CompletionWaiter:
         self._recent: OrderedDict[str, tuple[float, EndedJob | None]] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self.watches = 0  # requests holding a watch now
+        self.losses = 0  # times the channel was lost: what was announced meanwhile is not known
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._listen(), name="completion-waiter")
@@ -89,6 +90,10 @@ class CompletionWaiter:
                         del self._waiters[job_id]
                         self._forget_whole(job_id)
 
+    def announced(self, job_id: str) -> bool:
+        """Whether the job's end was announced lately (whole or by its id)."""
+        return job_id in self._recent
+
     def ended(self, job_id: str) -> EndedJob | None:
         """The job as its worker announced it when it ended, if it was announced whole lately."""
         hit = self._recent.get(job_id)
@@ -115,6 +120,7 @@ class CompletionWaiter:
             recent.popitem(last=False)
 
     def _wake_all(self) -> None:
+        self.losses += 1
         for events in self._waiters.values():
             for event in events:
                 event.set()

@@ -247,7 +247,8 @@ async def get_job(
     openapi_extra=openapi.STATUS,
 )
 async def status_many(request: Request, state: StateDep) -> Response:
-    """Many jobs by id, in the order given; with `wait`, held until one of them ends."""
+    """Many jobs by id, in the order given; with `wait`, held until one of them ends (`until:
+    "all"`: every one)."""
     caller = await state.auth(request)
     body = await read_json(
         request,
@@ -258,7 +259,9 @@ async def status_many(request: Request, state: StateDep) -> Response:
         query = JobStatusQuery.model_validate(body)
     except ValidationError as exc:
         raise InvalidInput(field_errors(exc)) from None
-    outs = await wait_for(state, caller, query.ids, wait_s=query.wait, encoding=query.encoding)
+    outs = await wait_for(
+        state, caller, query.ids, wait_s=query.wait, encoding=query.encoding, until=query.until
+    )
     return json_response({"jobs": _shown(caller, outs)})
 
 

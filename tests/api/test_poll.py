@@ -200,3 +200,50 @@ async def test_bulk_status_with_an_unknown_id_is_404(client: httpx.AsyncClient) 
 
     assert response.status_code == 404
     assert missing in response.json()["error"]["message"]
+
+
+async def test_bulk_status_until_all_holds_until_every_job_ended_and_reads_them_once_then(
+    api: Api, finish_later: FinishLater, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = (await submit(api.client))["id"], (await submit(api.client))["id"]
+    reads = []
+    reader = api.state.reader
+
+    async def counted(read: Any) -> Any:
+        reads.append(read)
+        return await reader(read)
+
+    monkeypatch.setattr(api.state, "reader", counted)  # a seam: how often the database is read
+    finish_later(first, OUTPUTS, delay_s=0.1, announce_to=redis_url)
+    finish_later(second, OUTPUTS, delay_s=0.4, announce_to=redis_url)
+    body = {"ids": [first, second], "wait": 10, "until": "all"}
+
+    response = await api.client.post("/v1/jobs/status", json=body)
+
+    assert response.status_code == 200
+    assert [j["status"] for j in response.json()["jobs"]] == ["succeeded", "succeeded"]
+    # Once before the hold, once when the last was announced: not at the first one's end.
+    assert len(reads) == 2
+
+
+async def test_bulk_status_until_all_answers_as_the_jobs_stand_when_the_wait_is_up(
+    api: Api, finish_later: FinishLater, redis_url: str
+) -> None:
+    first, second = (await submit(api.client))["id"], (await submit(api.client))["id"]
+    finish_later(first, OUTPUTS, delay_s=0.1, announce_to=redis_url)
+    body = {"ids": [first, second], "wait": 0.6, "until": "all"}
+
+    response = await api.client.post("/v1/jobs/status", json=body)
+
+    jobs = response.json()["jobs"]
+    assert [(j["id"], j["status"]) for j in jobs] == [(first, "succeeded"), (second, "queued")]
+    assert jobs[0]["outputs"] == {"y": OUTPUTS["y"].tolist()}
+
+
+async def test_bulk_status_until_is_any_or_all(client: httpx.AsyncClient) -> None:
+    job_id = (await submit(client))["id"]
+
+    response = await client.post("/v1/jobs/status", json={"ids": [job_id], "until": "some"})
+
+    assert response.status_code == 422
+    assert response.json()["error"]["message"].startswith("until:")

@@ -401,14 +401,65 @@ def test_wait_all_rereads_only_the_unfinished_jobs_and_returns_them_in_order() -
     assert {body["encoding"] for body in server.bodies("/v1/jobs/status")} == {"b64"}
 
 
-def test_wait_all_reads_many_ids_in_chunks_and_holds_only_the_first() -> None:
+def test_wait_all_holds_the_oldest_ids_until_all_end_and_reads_no_others() -> None:
     ids = [f"job{i}" for i in range(2500)]
-    server = status_server(dict.fromkeys(ids, 1))
+    server = status_server({**dict.fromkeys(ids, 1), "job7": 2})
     with server.client() as client:
         assert len(client.wait_all(ids)) == 2500
     bodies = server.bodies("/v1/jobs/status")
-    assert [len(body["ids"]) for body in bodies] == [1000, 1000, 500]
-    assert [body["wait"] for body in bodies] == [30.0, 0, 0]
+    assert (
+        [body["ids"] for body in bodies]
+        == [
+            ids[:1000],
+            ["job7", *ids[1000:1999]],  # the one still running first, then the next oldest
+            ids[1999:],
+        ]
+    )
+    assert {(body["wait"], body["until"]) for body in bodies} == {(30.0, "all")}
+
+
+def test_wait_all_timeout_reads_the_jobs_no_round_held() -> None:
+    ids = [f"job{i}" for i in range(1500)]
+    statuses = status_server({**dict.fromkeys(ids, 1), "job0": 10**6}).answer
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        held = orjson.loads(request.content)["wait"]
+        time.sleep(held)  # as the API holds a request while job0 runs
+        return statuses(request)
+
+    server = Recorder(answer)
+    with server.client() as client, pytest.raises(WaitTimeout, match="1 of 1500 jobs") as caught:
+        client.wait_all(ids, timeout=0.3)
+    assert [job.id for job in caught.value.jobs] == ids
+    assert server.bodies("/v1/jobs/status")[-1] == {"ids": ids[1000:], "encoding": "b64", "wait": 0}
+
+
+def test_wait_all_holds_a_round_a_second_at_most_while_its_bar_shows() -> None:
+    server = status_server({"a": 1, "b": 2})
+    with server.client() as client:
+        client.wait_all(["a", "b"], progress=True)
+    assert {body["wait"] for body in server.bodies("/v1/jobs/status")} == {plans.PROGRESS_ROUND_S}
+
+
+def test_wait_all_against_an_api_from_before_until_holds_until_one_ends() -> None:
+    """Such an API refuses the field (422 naming it): the rounds go on without it."""
+    seen: dict[str, int] = {}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = orjson.loads(request.content)
+        if "until" in body:
+            error = {"code": "invalid_input", "message": "until: Extra inputs are not permitted"}
+            return httpx.Response(422, json={"error": error})
+        out = []
+        for job_id in body["ids"]:
+            seen[job_id] = seen.get(job_id, 0) + 1
+            out.append(wire_job(job_id, "succeeded" if seen[job_id] >= 2 else "running"))
+        return httpx.Response(200, json={"jobs": out})
+
+    server = Recorder(answer)
+    with server.client() as client:
+        assert [job.status for job in client.wait_all(["a", "b"])] == ["succeeded"] * 2
+    assert [body.get("until") for body in server.bodies("/v1/jobs/status")] == ["all", None, None]
 
 
 def test_wait_all_lets_completions_gather_longer_while_many_jobs_are_pending() -> None:

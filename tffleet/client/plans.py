@@ -20,6 +20,7 @@ import orjson
 from tqdm import tqdm
 
 from tffleet.client.errors import (
+    InvalidInput,
     ProtocolError,
     UnsupportedMediaType,
     WaitTimeout,
@@ -36,6 +37,8 @@ MIN_ROUND_S = 0.05  # between polling rounds that found jobs unfinished: complet
 # little longer (16 pending: 0.21 s), never past MAX_ROUND_S.
 ROUND_S_PER_PENDING = 0.01
 MAX_ROUND_S = 0.25
+# A wait with a bar holds a round this long at most, so that the bar moves while jobs run.
+PROGRESS_ROUND_S = 1.0
 AUTO_PROGRESS_MIN_JOBS = 100
 
 
@@ -194,14 +197,7 @@ def get_many(
     for start in range(0, len(unique), IDS_PER_STATUS_READ):
         ids = unique[start : start + IDS_PER_STATUS_READ]
         held = wait_s if start == 0 else 0.0
-        body = {"ids": ids, "encoding": encoding, "wait": round(held, 3)}
-        data = yield from send(Call("POST", "/v1/jobs/status", content=dumps(body)), retries)
-        try:
-            wire = list(data["jobs"])
-        except (KeyError, TypeError) as exc:
-            raise ProtocolError(f"not a status answer: {exc!r}") from None
-        for item in wire:
-            job = yield from read_job(item, retries=retries)
+        for job in (yield from _status(ids, encoding=encoding, wait_s=held, retries=retries)):
             found[job.id] = job
     try:
         return [found[job_id] for job_id in job_ids]
@@ -209,12 +205,36 @@ def get_many(
         raise ProtocolError(f"job {exc} missing from the status answer") from None
 
 
+def _status(
+    ids: Sequence[str],
+    *,
+    encoding: str,
+    wait_s: float,
+    retries: Retries,
+    until: str | None = None,
+) -> Plan[list[Job]]:
+    """One `POST /v1/jobs/status` of at most `IDS_PER_STATUS_READ` distinct ids, held up to
+    `wait_s` until one of them ends (`until="all"`: until every one has)."""
+    body: dict[str, Any] = {"ids": list(ids), "encoding": encoding, "wait": round(wait_s, 3)}
+    if until is not None:
+        body["until"] = until
+    data = yield from send(Call("POST", "/v1/jobs/status", content=dumps(body)), retries)
+    try:
+        wire = list(data["jobs"])
+    except (KeyError, TypeError) as exc:
+        raise ProtocolError(f"not a status answer: {exc!r}") from None
+    jobs = []
+    for item in wire:
+        jobs.append((yield from read_job(item, retries=retries)))
+    return jobs
+
+
 def wait(job_id: str, *, timeout: float | None, retries: Retries) -> Plan[Job]:
     """Long-poll in rounds of up to `MAX_POLL_S` until the job finishes or `timeout` passes."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         started = time.monotonic()
-        job = yield from get(job_id, encoding="b64", wait_s=_round_s(deadline), retries=retries)
+        job = yield from get(job_id, encoding="b64", wait_s=hold_s(deadline), retries=retries)
         if job.finished:
             return job
         if deadline is not None and time.monotonic() >= deadline:
@@ -226,37 +246,80 @@ def wait_all(
     job_ids: Sequence[str], *, timeout: float | None, progress: bool | None, retries: Retries
 ) -> Plan[list[Job]]:
     """Wait for every job; each round re-reads only those still unfinished, so each job's
-    outputs come over once. Returns them in the order given."""
+    outputs come over once. Returns them in the order given.
+
+    A round holds the oldest `IDS_PER_STATUS_READ` pending jobs until every one of them has
+    ended (`until: "all"`), and reads no others: a tenant's queue runs oldest first, so each
+    job is read about once, the next ones run while the last are read, and the last answer
+    comes as the last job ends. An API from before `until` answers as soon as one of the held
+    jobs ends; its rounds are paced instead, and read every pending job."""
     deadline = None if timeout is None else time.monotonic() + timeout
     latest: dict[str, Job] = {}
     pending = list(dict.fromkeys(job_ids))
+    until: str | None = "all"
     with progress_bar(progress, len(pending), "wait", bar_format=WAIT_BAR_FORMAT) as bar:
         while pending:
             started = time.monotonic()
-            wait_s = _round_s(deadline)
-            jobs = yield from get_many(pending, encoding="b64", wait_s=wait_s, retries=retries)
+            held = pending[:IDS_PER_STATUS_READ] if until else pending
+            wait_s = hold_s(deadline, PROGRESS_ROUND_S if not bar.disable else MAX_POLL_S)
+            try:
+                if until:
+                    jobs = yield from _status(
+                        held, encoding="b64", wait_s=wait_s, until=until, retries=retries
+                    )
+                else:
+                    jobs = yield from get_many(held, encoding="b64", wait_s=wait_s, retries=retries)
+            except InvalidInput as exc:
+                if until is None or "until:" not in str(exc):
+                    raise
+                until = None
+                continue
             latest.update((job.id, job) for job in jobs)
-            still = [job.id for job in jobs if not job.finished]
-            bar.update(len(pending) - len(still))
+            still = {job.id for job in jobs if not job.finished}
+            bar.update(len(held) - len(still))
             failed = sum(1 for job in latest.values() if job.finished and not job.ok)
             if failed:
                 bar.set_postfix(failed=failed, refresh=False)
-            pending = still
+            # Each id once, in the order given, the oldest first (the next round's held ones).
+            done = {job.id for job in jobs} - still
+            pending = [job_id for job_id in pending if job_id not in done]
             if not pending:
                 break
             if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(
-                    f"{len(pending)} of {len(latest)} jobs unfinished after {timeout} s",
-                    jobs=[latest[job_id] for job_id in job_ids],
-                )
-            yield from _pause(started, deadline, round_s=_gather_s(len(pending)))
+                yield from _timed_out(job_ids, latest, pending, timeout=timeout, retries=retries)
+            if until is None or still.intersection(held):
+                # Answered before all the held jobs ended (an old API, one past its limit of
+                # held requests, or the bar's round): completions gather before the next round.
+                yield from _pause(started, deadline, round_s=_gather_s(len(pending)))
     return [latest[job_id] for job_id in job_ids]
 
 
-def _round_s(deadline: float | None) -> float:
+def _timed_out(
+    job_ids: Sequence[str],
+    latest: dict[str, Job],
+    pending: list[str],
+    *,
+    timeout: float | None,
+    retries: Retries,
+) -> Plan[None]:
+    """Raise `WaitTimeout` with every job as last seen, in the order given: those no round
+    held, read now."""
+    unread = [job_id for job_id in pending if job_id not in latest]
+    if unread:
+        jobs = yield from get_many(unread, encoding="b64", wait_s=0, retries=retries)
+        latest.update((job.id, job) for job in jobs)
+    unfinished = sum(1 for job in latest.values() if not job.finished)
+    raise WaitTimeout(
+        f"{unfinished} of {len(latest)} jobs unfinished after {timeout} s",
+        jobs=[latest[job_id] for job_id in job_ids],
+    )
+
+
+def hold_s(deadline: float | None, most_s: float = MAX_POLL_S) -> float:
+    """How long a round may hold a request: `most_s`, or less where `deadline` comes first."""
     if deadline is None:
-        return MAX_POLL_S
-    return max(0.0, min(MAX_POLL_S, deadline - time.monotonic()))
+        return most_s
+    return max(0.0, min(most_s, deadline - time.monotonic()))
 
 
 def _gather_s(pending: int) -> float:
@@ -323,7 +386,7 @@ def run(
     # Submit and long-poll in one round trip (POST ?wait=); a job still unfinished when that
     # round ends is then waited for as usual.
     deadline = None if timeout is None else time.monotonic() + timeout
-    wait_s = _round_s(deadline)
+    wait_s = hold_s(deadline)
 
     def waiting(call: Call) -> Call:
         return dataclasses.replace(

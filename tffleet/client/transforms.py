@@ -25,13 +25,18 @@ from urllib.parse import quote
 from tqdm import tqdm
 
 from tffleet.client.errors import ProtocolError, WaitTimeout
-from tffleet.client.plans import MAX_POLL_S, MIN_ROUND_S, dumps, new_idempotency_key
+from tffleet.client.plans import (
+    MAX_POLL_S,
+    MIN_ROUND_S,
+    PROGRESS_ROUND_S,
+    dumps,
+    hold_s,
+    new_idempotency_key,
+)
 from tffleet.client.protocol import Call, Plan, Retries, Sleep, Stream, send
 
 # The statuses a transform never leaves.
 FINISHED = frozenset({"succeeded", "failed", "canceled"})
-# A wait with a bar polls this often, so the bar moves while shards run.
-PROGRESS_ROUND_S = 1.0
 # The bar: records done of all, the time waited, and the API's counts and ETA; no rate of its
 # own, which would count records done before the wait began as done in its first instant.
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rec [{elapsed}{postfix}]"
@@ -182,7 +187,7 @@ def wait(
     try:
         while True:
             started = time.monotonic()
-            round_s = _round_s(deadline, PROGRESS_ROUND_S if progress is not False else MAX_POLL_S)
+            round_s = hold_s(deadline, PROGRESS_ROUND_S if progress is not False else MAX_POLL_S)
             seen = yield from get(transform_id, wait_s=round_s, retries=retries)
             bar = _show(bar, seen, progress)
             if seen.finished:
@@ -207,12 +212,6 @@ class TransformWaitTimeout(WaitTimeout):
             jobs=[],
         )
         self.transform = transform
-
-
-def _round_s(deadline: float | None, longest: float) -> float:
-    if deadline is None:
-        return longest
-    return max(0.0, min(longest, deadline - time.monotonic()))
 
 
 def _show(bar: tqdm[Any] | None, seen: Transform, progress: bool | None) -> tqdm[Any]:
