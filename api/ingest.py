@@ -32,7 +32,8 @@ from api.coalesce import Coalescer
 from api.metrics import CACHE_LOOKUPS, JOBS_SUBMITTED, PUBLISH_FAILURES
 from db import jobs, objects, standing
 from db.models import Job, JobStatus
-from db.standing import Recent, Standing
+from db.recent import Recent
+from db.standing import Standing
 from db.views import job_out, standing_fields
 from tffleet import tensors
 from tffleet.announcements import EndedJob
@@ -204,7 +205,9 @@ class Ingestor(Coalescer[Submission, Ingested]):
             return
         try:
             with self._reads() as session:
-                placed = standing.place(session=session, jobs=queued, recent=self.recent)
+                placed = standing.place(
+                    session=session, jobs=queued, recent=self.recent, together=True
+                )
         except SQLAlchemyError as exc:
             # The jobs are stored and published: an error now would make a client that retries
             # without a key store them twice. They go without a position this once.

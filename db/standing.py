@@ -36,32 +36,32 @@ jobs left out). None when nothing of that version finished within the window.
 Cost: one statement per queued job read, a GROUP BY tenant over the queued entries of its model
 version in `ix_jobs_pick` (model, version, status, tenant, priority, pick_deadline, id): the
 index alone answers it, no row is read, but it walks that version's whole queue (about 1.5 ms for
-10,000 queued jobs on SQLite). For many queued jobs of one version in one read (a listing, a bulk
-submit), one statement reads that version's queue from the index once and each is placed from it.
-What needs the rows (job sizes, tenants' weights, the recent pace: `Recent`) is read at most
-every few seconds per process.
+10,000 queued jobs on SQLite). For many queued jobs of one version in one read (a listing), one
+statement reads that version's queue from the index once and each is placed from it; a submit's
+jobs, stored together, cost one statement per class of theirs (`StoredTogether`), never a read of
+the queue, which would cost a bulk submission into a deep backlog a read of it per request. What
+needs the rows (job sizes, tenants' weights, the recent pace: db/recent.py) is read at most every
+few seconds per process.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
-import threading
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Protocol
+from datetime import datetime
+from typing import Protocol
 
 from sqlalchemy import Table, bindparam, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from db import clock
-from db.models import Job, JobStatus, Tenant
+from db.models import Job, JobStatus
+from db.recent import QUEUE, Recent
 
 _jobs: Table = Job.__table__  # type: ignore[assignment]
-_tenants: Table = Tenant.__table__  # type: ignore[assignment]
 
 
 class Queued(Protocol):
@@ -128,11 +128,6 @@ def _is_placed(job: Queued) -> bool:
     return job.status == JobStatus.QUEUED.value and job.parent_id is None
 
 
-_QUEUE = (
-    _jobs.c.model == bindparam("p_model"),
-    _jobs.c.version == bindparam("p_version"),
-    _jobs.c.status == JobStatus.QUEUED.value,
-)
 # Every column these read is in `ix_jobs_pick`: the index alone answers them (no row is read).
 _AHEAD = or_(
     _jobs.c.priority > bindparam("p_priority"),
@@ -149,11 +144,11 @@ _LINES = (
         func.sum(case((_jobs.c.id < bindparam("p_id"), 1), else_=0)).label("older"),
         func.sum(case((_AHEAD, 1), else_=0)).label("ahead"),
     )
-    .where(*_QUEUE)
+    .where(*QUEUE)
     .group_by(_jobs.c.tenant)
 )
-_QUEUE_ROWS = select(_jobs.c.tenant, _jobs.c.priority, _jobs.c.pick_deadline, _jobs.c.id).where(
-    *_QUEUE
+QUEUE_ROWS = select(_jobs.c.tenant, _jobs.c.priority, _jobs.c.pick_deadline, _jobs.c.id).where(
+    *QUEUE
 )
 
 # A read with more queued jobs of one version than this reads that version's queue once: reading
@@ -197,7 +192,7 @@ class QueueSnapshot:
     one statement per job would say of each."""
 
     def __init__(self, *, session: Session, model: str, version: int, recent: Recent) -> None:
-        rows = session.execute(_QUEUE_ROWS, {"p_model": model, "p_version": version}).all()
+        rows = session.execute(QUEUE_ROWS, {"p_model": model, "p_version": version}).all()
         orders: defaultdict[str, list[tuple[int, datetime, str]]] = defaultdict(list)
         for tenant, priority, pick_deadline, job_id in rows:
             orders[tenant].append((-priority, pick_deadline, job_id))
@@ -222,9 +217,49 @@ class QueueSnapshot:
         ]
 
 
-def place(*, session: Session, jobs: Sequence[Queued], recent: Recent) -> dict[str, Standing]:
+class StoredTogether:
+    """Jobs of a model version stored together just now, placed from one statement per class of
+    theirs (tenant, priority, deadline): the oldest of a class is placed as `_lines_of` places
+    it, and each other counted on from it, by the jobs among them between the two. Exact as long
+    as no other job was stored between them meanwhile (a concurrent submit may be, and moves a
+    position by its jobs); a bulk submit costs a walk of the queue in the index per class, not a
+    read of the whole queue (QueueSnapshot) per request."""
+
+    def __init__(self, *, session: Session, group: Sequence[Queued], recent: Recent) -> None:
+        classes: defaultdict[tuple[str, int, datetime], list[Queued]] = defaultdict(list)
+        by_tenant: defaultdict[str, list[str]] = defaultdict(list)
+        for job in sorted(group, key=lambda job: job.id):
+            classes[(job.tenant, job.priority, job.pick_deadline)].append(job)
+            by_tenant[job.tenant].append(job.id)
+        self._ids = by_tenant  # each tenant's jobs among them, by age
+        self._from: dict[str, tuple[Queued, list[TenantLine], int]] = {}
+        for members in classes.values():
+            lines = _lines_of(session, members[0], recent)
+            for rank, job in enumerate(members):
+                self._from[job.id] = (members[0], lines, rank)
+
+    @staticmethod
+    def classes(group: Sequence[Queued]) -> int:
+        return len({(job.tenant, job.priority, job.pick_deadline) for job in group})
+
+    def lines(self, job: Queued) -> list[TenantLine]:
+        first, lines, rank = self._from[job.id]
+        counted = []
+        for line in lines:
+            ids = self._ids.get(line.tenant, [])
+            between = bisect.bisect_left(ids, job.id) - bisect.bisect_left(ids, first.id)
+            ahead = line.ahead + rank if line.tenant == job.tenant else line.ahead
+            counted.append(dataclasses.replace(line, older=line.older + between, ahead=ahead))
+        return counted
+
+
+def place(
+    *, session: Session, jobs: Sequence[Queued], recent: Recent, together: bool = False
+) -> dict[str, Standing]:
     """The standing of each queued job among `jobs` (the others are left out): one statement per
-    model version with more than a few of them, else one per job; plus what `recent` reads."""
+    model version with more than a few of them, else one per job; plus what `recent` reads.
+    `together`: the jobs were stored together just now (a submit's), placed as `StoredTogether`
+    says where they fall in few classes."""
     groups: defaultdict[tuple[str, int], list[Queued]] = defaultdict(list)
     for job in jobs:
         if _is_placed(job):
@@ -232,145 +267,14 @@ def place(*, session: Session, jobs: Sequence[Queued], recent: Recent) -> dict[s
     placed: dict[str, Standing] = {}
     for (model, version), group in groups.items():
         rate = recent.rate(session=session, model=model, version=version)
-        snapshot = (
-            QueueSnapshot(session=session, model=model, version=version, recent=recent)
-            if len(group) > _ONE_BY_ONE_MAX
-            else None
-        )
+        placer: StoredTogether | QueueSnapshot | None = None
+        if together and StoredTogether.classes(group) <= _ONE_BY_ONE_MAX:
+            placer = StoredTogether(session=session, group=group, recent=recent)
+        elif len(group) > _ONE_BY_ONE_MAX:
+            placer = QueueSnapshot(session=session, model=model, version=version, recent=recent)
         for job in group:
-            lines = snapshot.lines(job) if snapshot else _lines_of(session, job, recent)
+            lines = placer.lines(job) if placer else _lines_of(session, job, recent)
             jobs_ahead, samples_ahead = position(tenant=job.tenant, lines=lines)
             eta = (samples_ahead + job.samples) / rate if rate else None
             placed[job.id] = Standing(queue_position=jobs_ahead, eta_s=eta)
     return placed
-
-
-@dataclass(frozen=True)
-class _Sizes:
-    """Each tenant's weight and average queued job size for one model version, as last read."""
-
-    read_at: float
-    of: dict[str, tuple[int, float]]  # tenant -> (weight, samples per job)
-
-
-_SIZES = (
-    select(
-        _jobs.c.tenant,
-        func.coalesce(func.max(_tenants.c.weight), 1),
-        func.count(),
-        func.sum(_jobs.c.samples),
-    )
-    .select_from(_jobs.outerjoin(_tenants, _tenants.c.name == _jobs.c.tenant))
-    .where(*_QUEUE)
-    .group_by(_jobs.c.tenant)
-)
-
-
-# The most ended jobs a pace is read from: a read every `refresh_s` costs the same however busy.
-RECENT_JOBS = 5000
-
-
-class Recent:
-    """What placing a job reads at most every `refresh_s` (per process, as a queued job's every
-    read needs it): each model version's samples per second lately, and each tenant's weight and
-    average queued job size. Sizes change slowly; a tenant not seen at the last read is read at
-    once.
-
-    The pace of a version is the samples of its jobs that succeeded within the last `window_s`
-    (of the fleet's latest `RECENT_JOBS` ended jobs there), over the time since the earliest of
-    them started (at least `min_span_s`): a version that only just began to run is not judged
-    by the whole window. The parent of a split job is left
-    out (its parts count), and so are failed jobs: a job failed for a lost worker or a deadline
-    says nothing of the pace.
-    """
-
-    def __init__(
-        self,
-        *,
-        window_s: float = 300.0,
-        refresh_s: float = 5.0,
-        min_span_s: float = 1.0,
-        monotonic: Any = time.monotonic,
-    ) -> None:
-        self.window_s, self.refresh_s, self.min_span_s = window_s, refresh_s, min_span_s
-        self._monotonic = monotonic
-        self._lock = threading.Lock()
-        self._rates_at: float | None = None
-        self._rates: dict[tuple[str, int], float] = {}
-        self._sizes: dict[tuple[str, int], _Sizes] = {}
-
-    def rate(self, *, session: Session, model: str, version: int) -> float | None:
-        """Samples per second of this version lately; None if none finished in the window."""
-        with self._lock:
-            now = self._monotonic()
-            if self._rates_at is None or now - self._rates_at >= self.refresh_s:
-                self._rates = self._read_rates(session)
-                self._rates_at = now
-            return self._rates.get((model, version))
-
-    def sizes(
-        self, *, session: Session, model: str, version: int, tenants: Iterable[str] = ()
-    ) -> dict[str, tuple[int, float]]:
-        """{tenant: (weight, samples per queued job)} for this version, read again if older
-        than `refresh_s` or if one of `tenants` is missing."""
-        with self._lock:
-            now = self._monotonic()
-            known = self._sizes.get((model, version))
-            if (
-                known is None
-                or now - known.read_at >= self.refresh_s
-                or set(tenants) - known.of.keys()
-            ):
-                rows = session.execute(_SIZES, {"p_model": model, "p_version": version}).all()
-                known = _Sizes(
-                    read_at=now,
-                    of={
-                        tenant: (int(weight), float(samples or jobs) / jobs)
-                        for tenant, weight, jobs, samples in rows
-                    },
-                )
-                self._sizes[(model, version)] = known
-            return known.of
-
-    def _read_rates(self, session: Session) -> dict[tuple[str, int], float]:
-        now = clock.now(session)
-        since = now - timedelta(seconds=self.window_s)
-        # The latest jobs that ended in the window, at most RECENT_JOBS, read by the finished_at
-        # index: a busy fleet ends more jobs in five minutes than a read every few seconds
-        # should touch, and the status, which SQLite's planner would read every succeeded job
-        # by, is checked on these.
-        latest = (
-            select(
-                _jobs.c.model,
-                _jobs.c.version,
-                _jobs.c.samples,
-                _jobs.c.started_at,
-                _jobs.c.parts,
-                _jobs.c.status,
-            )
-            .where(_jobs.c.finished_at >= since)
-            .order_by(_jobs.c.finished_at.desc())
-            .limit(RECENT_JOBS)
-            .subquery()
-        )
-        rows = session.execute(
-            select(
-                latest.c.model,
-                latest.c.version,
-                func.sum(latest.c.samples),
-                func.min(latest.c.started_at),
-            )
-            .where(
-                latest.c.started_at.is_not(None),
-                latest.c.parts.is_(None),
-                latest.c.status == JobStatus.SUCCEEDED.value,
-            )
-            .group_by(latest.c.model, latest.c.version)
-        ).all()
-        rates = {}
-        for model, version, samples, first_started in rows:
-            start: datetime = max(first_started, since) if first_started else since
-            span = max((now - start).total_seconds(), self.min_span_s)
-            if samples:
-                rates[(model, version)] = float(samples) / span
-        return rates

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from db import clock, jobs, standing, tenants
 from db.models import Job
+from db.recent import Recent
 from tests.db.conftest import MakeJobs
 
 Sessions = sessionmaker[Session]
@@ -27,9 +28,9 @@ def positions(sessions: Sessions, ids: list[str], *, bulk: bool = False) -> dict
     return {job_id: s.queue_position for job_id, s in placed.items()}
 
 
-def fresh() -> standing.Recent:
+def fresh() -> Recent:
     """Sizes and pace read on every call: what the claim sees now."""
-    return standing.Recent(refresh_s=0)
+    return Recent(refresh_s=0)
 
 
 def claim_order(sessions: Sessions, *, batch: int) -> list[str]:
@@ -193,3 +194,35 @@ def test_deadlines_order_a_tenants_positions_exactly_as_they_order_the_claim(
     order = claim_order(sessions, batch=1)
 
     assert before == {job_id: order.index(job_id) for job_id in ids}
+
+
+def test_jobs_stored_together_are_placed_as_one_statement_each_places_them(
+    make_jobs: MakeJobs, sessions: Sessions
+) -> None:
+    """A submit's jobs (`together`): one statement per class, the rest counted on from it."""
+    rng = random.Random(11)
+    for _ in range(20):  # a queue before them, of three tenants
+        make_jobs(
+            1, tenant=rng.choice("abc"), samples=rng.choice([1, 3]), priority=rng.choice([0, 2])
+        )
+    ids = make_jobs(12, tenant="a", samples=2) + make_jobs(15, tenant="b", priority=2)
+    with sessions.begin() as session:  # one request of mixed priorities, their ids interleaved
+        mixed = [
+            jobs.NewJob(model="m", version=1, samples=1, inputs=b"in", priority=i % 3, tenant="c")
+            for i in range(9)
+        ]
+        # Two tenants' requests stored in one transaction (the API's ingestor gathers them),
+        # their turns tied: the older of two goes first.
+        mixed += [
+            jobs.NewJob(model="m", version=1, samples=1, inputs=b"in", tenant="de"[i % 2])
+            for i in range(8)
+        ]
+        for tenant in "de":
+            tenants.ensure_tenant(session=session, name=tenant)
+        ids += [row.id for row in jobs.create(session=session, jobs=mixed)]
+
+    with sessions() as session:
+        rows = jobs.get_many(session=session, job_ids=ids)
+        together = standing.place(session=session, jobs=rows, recent=fresh(), together=True)
+
+    assert {job_id: s.queue_position for job_id, s in together.items()} == positions(sessions, ids)
