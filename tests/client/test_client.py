@@ -40,7 +40,7 @@ from tffleet import (
     tensors,
 )
 from tffleet.client import errors as client_errors
-from tffleet.client import plans
+from tffleet.client import waiting
 from tffleet.client.job import BINARY_BODY_MIN_BYTES
 from tffleet.client.job import FINISHED as CLIENT_FINISHED
 from tffleet.client.job import Job as ClientJob
@@ -438,7 +438,7 @@ def test_wait_all_holds_a_round_a_second_at_most_while_its_bar_shows() -> None:
     server = status_server({"a": 1, "b": 2})
     with server.client() as client:
         client.wait_all(["a", "b"], progress=True)
-    assert {body["wait"] for body in server.bodies("/v1/jobs/status")} == {plans.PROGRESS_ROUND_S}
+    assert {body["wait"] for body in server.bodies("/v1/jobs/status")} == {waiting.PROGRESS_ROUND_S}
 
 
 def test_wait_all_against_an_api_from_before_until_holds_until_one_ends() -> None:
@@ -464,9 +464,9 @@ def test_wait_all_against_an_api_from_before_until_holds_until_one_ends() -> Non
 
 def test_wait_all_lets_completions_gather_longer_while_many_jobs_are_pending() -> None:
     """Each round costs the API a read of every pending job: many pending, fewer rounds."""
-    assert plans._gather_s(1) == pytest.approx(0.06)
-    assert plans._gather_s(16) == pytest.approx(0.21)
-    assert plans._gather_s(10_000) == plans.MAX_ROUND_S
+    assert waiting._gather_s(1) == pytest.approx(0.06)
+    assert waiting._gather_s(16) == pytest.approx(0.21)
+    assert waiting._gather_s(10_000) == waiting.MAX_ROUND_S
 
 
 def test_wait_all_timeout_carries_every_job_as_last_seen() -> None:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx
 import numpy as np
 
-from tffleet.client import bulk, objects, plans, transforms
+from tffleet.client import bulk, objects, plans, transforms, waiting
 from tffleet.client.events import Follow
 from tffleet.client.job import Job, ModelInfo
 from tffleet.client.objects import DEFAULT_INLINE_MAX_BYTES
@@ -133,16 +133,16 @@ class AsyncClient:
 
     async def get(self, job_id: str, *, encoding: str = "b64") -> Job:
         return await self._drive(
-            plans.get(job_id, encoding=encoding, wait_s=0, retries=self._retries)
+            waiting.get(job_id, encoding=encoding, wait_s=0, retries=self._retries)
         )
 
     async def get_many(self, job_ids: Sequence[str], *, encoding: str = "b64") -> list[Job]:
         return await self._drive(
-            plans.get_many(job_ids, encoding=encoding, wait_s=0, retries=self._retries)
+            waiting.get_many(job_ids, encoding=encoding, wait_s=0, retries=self._retries)
         )
 
     async def wait(self, job_id: str, *, timeout: float | None = None) -> Job:
-        return await self._drive(plans.wait(job_id, timeout=timeout, retries=self._retries))
+        return await self._drive(waiting.wait(job_id, timeout=timeout, retries=self._retries))
 
     async def wait_all(
         self,
@@ -152,7 +152,7 @@ class AsyncClient:
         progress: bool | None = None,
     ) -> list[Job]:
         return await self._drive(
-            plans.wait_all(job_ids, timeout=timeout, progress=progress, retries=self._retries)
+            waiting.wait_all(job_ids, timeout=timeout, progress=progress, retries=self._retries)
         )
 
     async def cancel(self, job_id: str) -> Job:

@@ -21,12 +21,12 @@ from tffleet.client.plans import (
     dumps,
     job_body,
     new_idempotency_key,
-    progress_bar,
     submit_call,
     webhook_fields,
     with_headers,
 )
 from tffleet.client.protocol import Plan, Retries, send
+from tffleet.client.waiting import progress_bar
 
 MAX_JOBS_PER_REQUEST = 10_000  # the API's limit on a bulk submit or a bulk status read
 

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import httpx
 import numpy as np
 
-from tffleet.client import bulk, objects, plans, transforms
+from tffleet.client import bulk, objects, plans, transforms, waiting
 from tffleet.client.events import Follow
 from tffleet.client.job import Job, ModelInfo
 from tffleet.client.objects import DEFAULT_INLINE_MAX_BYTES
@@ -179,17 +179,17 @@ class Client:
         return self._drive(objects.upload(array, retries=self._retries, progress=progress))
 
     def get(self, job_id: str, *, encoding: str = "b64") -> Job:
-        return self._drive(plans.get(job_id, encoding=encoding, wait_s=0, retries=self._retries))
+        return self._drive(waiting.get(job_id, encoding=encoding, wait_s=0, retries=self._retries))
 
     def get_many(self, job_ids: Sequence[str], *, encoding: str = "b64") -> list[Job]:
         """Many jobs in bulk status reads, in the order given."""
         return self._drive(
-            plans.get_many(job_ids, encoding=encoding, wait_s=0, retries=self._retries)
+            waiting.get_many(job_ids, encoding=encoding, wait_s=0, retries=self._retries)
         )
 
     def wait(self, job_id: str, *, timeout: float | None = None) -> Job:
         """The job once it has finished; `WaitTimeout` if `timeout` seconds pass first."""
-        return self._drive(plans.wait(job_id, timeout=timeout, retries=self._retries))
+        return self._drive(waiting.wait(job_id, timeout=timeout, retries=self._retries))
 
     def wait_all(
         self,
@@ -201,7 +201,7 @@ class Client:
         """Every job once all have finished, in the order given; `WaitTimeout` (with `.jobs`)
         if `timeout` seconds pass first. `progress=None`: a bar for many jobs on a terminal."""
         return self._drive(
-            plans.wait_all(job_ids, timeout=timeout, progress=progress, retries=self._retries)
+            waiting.wait_all(job_ids, timeout=timeout, progress=progress, retries=self._retries)
         )
 
     def cancel(self, job_id: str) -> Job:

@@ -25,15 +25,9 @@ from urllib.parse import quote
 from tqdm import tqdm
 
 from tffleet.client.errors import ProtocolError, WaitTimeout
-from tffleet.client.plans import (
-    MAX_POLL_S,
-    MIN_ROUND_S,
-    PROGRESS_ROUND_S,
-    dumps,
-    hold_s,
-    new_idempotency_key,
-)
+from tffleet.client.plans import dumps, new_idempotency_key
 from tffleet.client.protocol import Call, Plan, Retries, Sleep, Stream, send
+from tffleet.client.waiting import MAX_POLL_S, MIN_ROUND_S, PROGRESS_ROUND_S, hold_s
 
 # The statuses a transform never leaves.
 FINISHED = frozenset({"succeeded", "failed", "canceled"})
