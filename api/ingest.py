@@ -22,7 +22,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Row
 from sqlalchemy.exc import SQLAlchemyError
@@ -218,12 +218,19 @@ class Ingestor(Coalescer[Submission, Ingested]):
                 out.update(standing_fields(placed.get(out["id"])))
 
 
-# Job ids, the encoding of outputs, and the tenant whose jobs they must be (None: anyone's).
-Read = tuple[Sequence[str], str, str | None]
+class Read(NamedTuple):
+    """Job ids, the encoding of outputs, the tenant whose jobs they must be (None: anyone's),
+    and whether queued ones are placed in their queue (`queue_position`, `eta_s`: a walk of it
+    in the index, db/standing.py); unplaced, they show none."""
+
+    ids: Sequence[str]
+    encoding: str
+    tenant: str | None
+    placed: bool = True
 
 
 class JobReader(Coalescer[Read, list[JobDict]]):
-    """`await reader((job_ids, encoding, tenant))` -> the jobs in that order, or JobNotFound
+    """`await reader(Read(job_ids, encoding, tenant))` -> the jobs in that order, or JobNotFound
     (another tenant's job is not found)."""
 
     def __init__(self, reads: sessionmaker[Session], recent: Recent | None = None) -> None:
@@ -240,7 +247,8 @@ class JobReader(Coalescer[Read, list[JobDict]]):
             # Only for jobs some request may see: another tenant's costs the caller nothing.
             visible = {
                 job_id: row
-                for ids, _, tenant in requests
+                for ids, _, tenant, wanted_placed in requests
+                if wanted_placed
                 for job_id in ids
                 if (row := rows.get(job_id)) is not None and tenant in (None, row.tenant)
             }
@@ -248,7 +256,7 @@ class JobReader(Coalescer[Read, list[JobDict]]):
                 session=session, jobs=list(visible.values()), recent=self.recent
             )
         result: list[list[JobDict] | BaseException] = []
-        for ids, encoding, tenant in requests:
+        for ids, encoding, tenant, _ in requests:
             missing = [
                 job_id
                 for job_id in ids

@@ -19,7 +19,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from api import references
-from api.ingest import job_view
+from api.ingest import Read, job_view
 from api.key_limits import check_model
 from api.schemas import JobBatchCreate, JobCreate
 from api.state import AppState
@@ -273,12 +273,15 @@ async def wait_for(
 
     With `until="all"` the database is read again only once every pending job was announced,
     at the periodic re-check, or after the channel was lost: a wait for a thousand jobs that
-    end a batch at a time costs a read or two, not one a batch."""
-    read = (job_ids, encoding, caller.scope)
+    end a batch at a time costs a read or two, not one a batch. The reads while it waits leave
+    queued jobs unplaced (each placing is a walk of their queue, db/standing.py): where those
+    still unfinished at the end stand is read once, then."""
+    read = Read(job_ids, encoding, caller.scope)
     if wait_s <= 0 or state.waiter.watches >= state.settings.max_long_polls:
         # Past the limit a long-poll is answered at once: the client asks again, and no flood of
         # held requests holds this process's memory and sockets.
         return await state.reader(read)
+    peek = read._replace(placed=False)
     waiter = state.waiter
     deadline = asyncio.get_running_loop().time() + wait_s
     # Watch before the first read: an announcement between the two would otherwise be missed.
@@ -286,9 +289,8 @@ async def wait_for(
         if known is not None and not any(out["status"] in _FINISHED for out in known):
             outs = known
         else:
-            outs = await state.reader(read)
+            outs = await state.reader(peek)
         pending = {out["id"] for out in outs if out["status"] not in _FINISHED}
-        stale = False  # woken, but not read since: some pending job was not announced yet
         while pending:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
@@ -306,20 +308,18 @@ async def wait_for(
                 and waiter.losses == losses
                 and not all(waiter.announced(job_id) for job_id in pending)
             ):
-                stale = True
                 continue
             # Woken by an announcement, or by the periodic re-check: the database decides,
             # unless the workers announced every job still pending whole.
-            outs = _from_announcements(state, outs, pending, encoding) or await state.reader(read)
-            stale = False
+            outs = _from_announcements(state, outs, pending, encoding) or await state.reader(peek)
             ended_now = {out["id"] for out in outs if out["status"] in _FINISHED} & pending
             if ended_now and until == "any":
+                pending -= ended_now
                 break
             pending -= ended_now
-        if stale or (outs is known and pending):
-            # Where the unfinished ones stand is read now: some ended unread, or the jobs are as
-            # stored and never read since (a submission that waits is stored without its
-            # position, api.ingest.Submission).
+        if pending:
+            # Where the unfinished ones stand, and the others as they ended since the last read
+            # (`until="all"` reads only once all were announced).
             outs = await state.reader(read)
         return outs
 

@@ -38,7 +38,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import SQLAlchemyError
 
 from api.ids import JobId
-from api.ingest import job_view
+from api.ingest import Read, job_view
 from api.schemas import error_responses
 from api.state import AppState, get_state
 from db.models import FINISHED, JobStatus
@@ -147,7 +147,7 @@ def _busy() -> ServiceUnavailable:
 
 
 async def _read(state: AppState, caller: Caller, job_id: str, encoding: str) -> dict[str, Any]:
-    (job,) = await state.reader(([job_id], encoding, caller.scope))
+    (job,) = await state.reader(Read([job_id], encoding, caller.scope))
     return _shown(caller, job)
 
 

@@ -16,7 +16,7 @@ from api import negotiation, openapi, references
 from api.body import INLINE_BYTES, read_json
 from api.deadlines import cancel_after_s, queue_timeout_s
 from api.ids import JobId
-from api.ingest import BLOB
+from api.ingest import BLOB, Read
 from api.key_limits import check_model
 from api.metrics import PUBLISH_FAILURES, SUBMIT_SECONDS
 from api.negotiation import Encoding
@@ -173,7 +173,7 @@ async def submit(
     elif any(out["cached"] for out in outs):
         # Some ended at once, answered from the response cache: read them, outputs and all.
         ids = [out["id"] for out in outs]
-        outs = await state.reader((ids, BLOB if npz else encoding, caller.scope))
+        outs = await state.reader(Read(ids, BLOB if npz else encoding, caller.scope))
     outs = _shown(caller, outs)
     if many:
         response = json_response({"jobs": outs}, 202)

@@ -16,7 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from api.downloads import download
 from api.ids import JobId
-from api.ingest import BLOB
+from api.ingest import BLOB, Read
 from api.schemas import ErrorOut, error_responses
 from api.state import get_state
 from db.models import JobStatus
@@ -60,7 +60,7 @@ async def get_output(
     """
     state = get_state(request)
     caller = await state.auth(request)
-    (out,) = await state.reader(([job_id], BLOB, caller.scope))
+    (out,) = await state.reader(Read([job_id], BLOB, caller.scope))
     if out["status"] != JobStatus.SUCCEEDED.value:
         raise Conflict(f"job {job_id} is {out['status']}: only a succeeded job has outputs")
     blob = out["outputs"]
