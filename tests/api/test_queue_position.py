@@ -137,3 +137,18 @@ async def test_a_bulk_submit_places_every_job(fresh: Api) -> None:
     response = await fresh.client.post("/v1/jobs", json=body)
 
     assert [job["queue_position"] for job in response.json()["jobs"]] == list(range(12))
+
+
+async def test_a_long_poll_that_ends_with_the_job_still_queued_says_where_it_stands(
+    fresh: Api,
+) -> None:
+    """The reads while a poll waits place nothing (a walk of the queue each); its answer does."""
+    first, second = await submit(fresh.client), await submit(fresh.client)
+
+    held = await fresh.client.get(f"/v1/jobs/{second['id']}", params={"wait": "0.3"})
+    many = await fresh.client.post(
+        "/v1/jobs/status", json={"ids": [first["id"], second["id"]], "wait": 0.3, "until": "all"}
+    )
+
+    assert held.json()["queue_position"] == 1
+    assert [job["queue_position"] for job in many.json()["jobs"]] == [0, 1]
