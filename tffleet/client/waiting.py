@@ -105,11 +105,12 @@ def wait_all(
     """Wait for every job; each round re-reads only those still unfinished, so each job's
     outputs come over once. Returns them in the order given.
 
-    A round holds the oldest `IDS_PER_STATUS_READ` pending jobs until every one of them has
-    ended (`until: "all"`), and reads no others: a tenant's queue runs oldest first, so each
-    job is read about once, the next ones run while the last are read, and the last answer
-    comes as the last job ends. An API from before `until` answers as soon as one of the held
-    jobs ends; its rounds are paced instead, and read every pending job."""
+    A round holds the first `IDS_PER_STATUS_READ` pending jobs in the order given (the oldest
+    first, as `submit_many` returns them) until every one of them has ended (`until: "all"`),
+    and reads no others: a tenant's queue runs oldest first, so each job is read about once,
+    the next ones run while the last are read, and the last answer comes as the last job
+    ends. An API from before `until` answers as soon as one of the held jobs ends; its rounds
+    are paced instead, and read every pending job."""
     deadline = None if timeout is None else time.monotonic() + timeout
     latest: dict[str, Job] = {}
     pending = list(dict.fromkeys(job_ids))
@@ -137,7 +138,7 @@ def wait_all(
             failed = sum(1 for job in latest.values() if job.finished and not job.ok)
             if failed:
                 bar.set_postfix(failed=failed, refresh=False)
-            # Each id once, in the order given, the oldest first (the next round's held ones).
+            # Each id once, in the order given: the first are the next round's held ones.
             done = {job.id for job in jobs} - still
             pending = [job_id for job_id in pending if job_id not in done]
             if not pending:
