@@ -313,10 +313,9 @@ async def wait_for(
             # unless the workers announced every job still pending whole.
             outs = _from_announcements(state, outs, pending, encoding) or await state.reader(peek)
             ended_now = {out["id"] for out in outs if out["status"] in _FINISHED} & pending
-            if ended_now and until == "any":
-                pending -= ended_now
-                break
             pending -= ended_now
+            if ended_now and until == "any":
+                break
         if pending:
             # Where the unfinished ones stand, and the others as they ended since the last read
             # (`until="all"` reads only once all were announced).
