@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Callable
@@ -247,3 +248,27 @@ async def test_bulk_status_until_is_any_or_all(client: httpx.AsyncClient) -> Non
 
     assert response.status_code == 422
     assert response.json()["error"]["message"].startswith("until:")
+
+
+async def test_bulk_status_until_all_reads_the_database_again_once_the_channel_was_lost(
+    api: Api, finish_later: FinishLater
+) -> None:
+    """What was announced while the channel was away is not known: a lost channel wakes every
+    held request (`_wake_all`, as the listener does on losing it) to read the database."""
+    api.state.waiter.recheck_s = 60  # a seam: only the loss may wake it
+    ids = [(await submit(api.client))["id"] for _ in range(2)]
+    finished = [finish_later(job_id, OUTPUTS, delay_s=0.2) for job_id in ids]  # not announced
+    started = time.monotonic()
+
+    async def lose_the_channel() -> None:
+        while any(thread.is_alive() for thread in finished):
+            await asyncio.sleep(0.05)
+        api.state.waiter._wake_all()
+
+    body = {"ids": ids, "wait": 20, "until": "all"}
+    async with asyncio.TaskGroup() as group:
+        group.create_task(lose_the_channel())
+        response = await api.client.post("/v1/jobs/status", json=body)
+
+    assert [j["status"] for j in response.json()["jobs"]] == ["succeeded", "succeeded"]
+    assert time.monotonic() - started < 10
