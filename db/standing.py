@@ -236,22 +236,24 @@ class StoredTogether:
     position by its jobs); a bulk submit costs a walk of the queue in the index per class, not a
     read of the whole queue (QueueSnapshot) per request."""
 
-    def __init__(self, *, session: Session, group: Sequence[Queued], recent: Recent) -> None:
-        classes: defaultdict[tuple[str, int, datetime], list[Queued]] = defaultdict(list)
-        by_tenant: defaultdict[str, list[str]] = defaultdict(list)
-        for job in sorted(group, key=lambda job: job.id):
-            classes[(job.tenant, job.priority, job.pick_deadline)].append(job)
-            by_tenant[job.tenant].append(job.id)
-        self._ids = by_tenant  # each tenant's jobs among them, by age
+    def __init__(self, *, session: Session, classes: list[list[Queued]], recent: Recent) -> None:
+        self._ids: defaultdict[str, list[str]] = defaultdict(list)  # each tenant's, by age
         self._from: dict[str, tuple[Queued, list[TenantLine], int]] = {}
-        for members in classes.values():
+        for members in classes:
             lines = _lines_of(session, members[0], recent)
             for rank, job in enumerate(members):
                 self._from[job.id] = (members[0], lines, rank)
+                self._ids[job.tenant].append(job.id)
+        for ids in self._ids.values():
+            ids.sort()
 
     @staticmethod
-    def classes(group: Sequence[Queued]) -> int:
-        return len({(job.tenant, job.priority, job.pick_deadline) for job in group})
+    def classes(group: Sequence[Queued]) -> list[list[Queued]]:
+        """The jobs by class (tenant, priority, deadline), each class's by age."""
+        classes: defaultdict[tuple[str, int, datetime], list[Queued]] = defaultdict(list)
+        for job in sorted(group, key=lambda job: job.id):
+            classes[(job.tenant, job.priority, job.pick_deadline)].append(job)
+        return list(classes.values())
 
     def lines(self, job: Queued) -> list[TenantLine]:
         first, lines, rank = self._from[job.id]
@@ -279,8 +281,9 @@ def place(
     for (model, version), group in groups.items():
         rate = recent.rate(session=session, model=model, version=version)
         placer: StoredTogether | QueueSnapshot | None = None
-        if together and StoredTogether.classes(group) <= _ONE_BY_ONE_MAX:
-            placer = StoredTogether(session=session, group=group, recent=recent)
+        classes = StoredTogether.classes(group) if together else []
+        if together and len(classes) <= _ONE_BY_ONE_MAX:
+            placer = StoredTogether(session=session, classes=classes, recent=recent)
         elif len(group) > _ONE_BY_ONE_MAX:
             placer = QueueSnapshot(session=session, model=model, version=version, recent=recent)
         for job in group:
